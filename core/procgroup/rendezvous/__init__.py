@@ -1,0 +1,8 @@
+"""Rendezvous: init-method URLs (env://, tcp://, file://, multicast) and key-value Stores."""
+
+from ._store import Store
+from ._hash import HashStore
+from ._prefix import PrefixStore
+from ._tcp import TCPStore
+
+__all__ = ["HashStore", "PrefixStore", "Store", "TCPStore"]

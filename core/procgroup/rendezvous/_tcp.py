@@ -1,0 +1,240 @@
+"""TCPStore: a Store served by rank 0 over TCP; every rank (rank 0 too) is a client."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Sequence
+
+from procgroup.errors import InvalidArgumentError, StoreError, StoreTimeoutError
+
+from . import _wire
+from ._store import (
+    DEFAULT_TIMEOUT,
+    Store,
+    check_key,
+    check_keys,
+    check_timeout,
+    to_bytes,
+)
+from ._tcp_server import StoreServer
+from ._wire import Op, Status
+
+logger = logging.getLogger(__name__)
+
+#: Extra seconds a client waits for the server's own timeout reply before giving up
+#: on the connection (the server answers blocking calls at their deadline).
+REPLY_GRACE = 10.0
+
+
+class TCPStore(Store):
+    """Key-value store hosted by the ``is_master`` process, reached over TCP.
+
+    The master binds ``port`` on every interface (``port=0``: a free port, see
+    :attr:`port`) and serves from a daemon thread until :meth:`close`. With
+    ``world_size`` and ``wait_for_workers`` the master's constructor waits until that
+    many clients (itself included) have connected.
+    """
+
+    _closed = True
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        world_size: int | None = None,
+        is_master: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+        wait_for_workers: bool = True,
+    ) -> None:
+        if not isinstance(host, str) or (not host and not is_master):
+            raise InvalidArgumentError(f"TCPStore: host must be a non-empty str, got {host!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise InvalidArgumentError(f"TCPStore: port must be an int in 0..65535, got {port!r}")
+        if port == 0 and not is_master:
+            raise InvalidArgumentError("TCPStore: a client needs the server's real port, got 0")
+        if world_size is not None and (
+            isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1
+        ):
+            raise InvalidArgumentError(
+                f"TCPStore: world_size must be a positive int or None, got {world_size!r}"
+            )
+        self.timeout = check_timeout(timeout, DEFAULT_TIMEOUT)
+        self.host = host
+        self.world_size = world_size
+        self.is_master = is_master
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._server: StoreServer | None = None
+        if is_master:
+            self._server = StoreServer(port)
+            port = self._server.port
+            local = "::1" if self._server.family == socket.AF_INET6 and not socket.has_dualstack_ipv6() else "127.0.0.1"
+            connect_host = local
+        else:
+            connect_host = host
+        self.port: int = port
+        try:
+            self._sock = self._connect(connect_host, port, self.timeout)
+            self._closed = False
+            self._request(Op.HELLO, [])
+            if is_master and world_size is not None and wait_for_workers:
+                self._wait_workers(world_size, self.timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---------------------------------------------------------------- transport
+    @staticmethod
+    def _connect(host: str, port: int, timeout: float) -> socket.socket:
+        """Connect, retrying while the server is not up yet, until ``timeout``."""
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        last: OSError | None = None
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                sock = socket.create_connection((host, port), timeout=max(0.1, min(left, 10.0)))
+            except socket.gaierror as exc:
+                raise StoreError(f"TCPStore: cannot resolve host {host!r}: {exc}") from exc
+            except OSError as exc:
+                last = exc
+                if time.monotonic() + delay >= deadline:
+                    raise StoreTimeoutError(
+                        f"TCPStore: could not connect to {host}:{port} within {timeout:g}s "
+                        f"(last error: {last})",
+                        op="connect",
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(None)
+            logger.debug("TCPStore client connected to %s:%d", host, port)
+            return sock
+
+    def _request(
+        self, op: Op, fields: list[bytes], wait: float | None = None
+    ) -> tuple[int, list[bytes]]:
+        """Send one request and read its reply; ``wait``: the server-side deadline."""
+        with self._lock:
+            self._check_open(self._closed)
+            sock = self._sock
+            if sock is None:
+                raise StoreError(
+                    f"TCPStore: connection to {self.host}:{self.port} was lost earlier"
+                )
+            limit = None if wait is None else wait + REPLY_GRACE
+            try:
+                sock.settimeout(limit if wait is not None else REPLY_GRACE * 6)
+                sock.sendall(_wire.encode(op, fields))
+                code, reply = _wire.recv_message(sock)
+            except socket.timeout:
+                self._lose()
+                raise StoreError(
+                    f"TCPStore: server {self.host}:{self.port} did not answer {op.name} "
+                    "in time; connection dropped"
+                ) from None
+            except OSError as exc:  # ConnectionError, reset, EOF
+                self._lose()
+                raise StoreError(
+                    f"TCPStore: lost the connection to the server {self.host}:{self.port} "
+                    f"during {op.name}: {exc}"
+                ) from exc
+        if code == Status.ERROR:
+            msg = reply[0].decode(errors="replace") if reply else "unknown error"
+            if msg.startswith("Store.add"):
+                raise InvalidArgumentError(msg)
+            raise StoreError(f"TCPStore server: {msg}")
+        return code, reply
+
+    def _lose(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+    def _wait_workers(self, n: int, timeout: float) -> None:
+        code, reply = self._request(
+            Op.WAIT_WORKERS, [str(n).encode(), _wire.DOUBLE.pack(timeout)], wait=timeout
+        )
+        if code == Status.TIMEOUT:
+            got = int(reply[0]) if reply else 0
+            raise StoreTimeoutError(
+                f"TCPStore: timed out after {timeout:g}s waiting for workers: "
+                f"{got} of {n} connected",
+                op="wait_for_workers",
+            )
+
+    # ---------------------------------------------------------------- Store API
+    def set(self, key: str, value: bytes | str) -> None:
+        self._request(Op.SET, [check_key(key).encode(), to_bytes(value)])
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        key = check_key(key)
+        t = check_timeout(timeout, self.timeout)
+        code, reply = self._request(Op.GET, [key.encode(), _wire.DOUBLE.pack(t)], wait=t)
+        if code == Status.TIMEOUT:
+            raise StoreTimeoutError(
+                f"TCPStore: timed out after {t:g}s waiting for key {key!r}", op="get"
+            )
+        return reply[0]
+
+    def add(self, key: str, amount: int = 1) -> int:
+        if isinstance(amount, bool) or not isinstance(amount, int):
+            raise InvalidArgumentError(f"Store.add: amount must be int, got {amount!r}")
+        _, reply = self._request(Op.ADD, [check_key(key).encode(), str(amount).encode()])
+        return int(reply[0])
+
+    def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        keys = check_keys(keys)
+        t = check_timeout(timeout, self.timeout)
+        code, reply = self._request(
+            Op.WAIT, [_wire.DOUBLE.pack(t)] + [k.encode() for k in keys], wait=t
+        )
+        if code == Status.TIMEOUT:
+            missing = [k.decode() for k in reply]
+            raise StoreTimeoutError(
+                f"TCPStore: timed out after {t:g}s waiting for keys {missing}", op="wait"
+            )
+
+    def check(self, keys: Sequence[str]) -> bool:
+        _, reply = self._request(Op.CHECK, [k.encode() for k in check_keys(keys)])
+        return reply[0] == b"1"
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        fields = [check_key(key).encode(), to_bytes(expected, "expected"),
+                  to_bytes(desired, "desired")]
+        _, reply = self._request(Op.COMPARE_SET, fields)
+        return reply[0]
+
+    def delete_key(self, key: str) -> bool:
+        _, reply = self._request(Op.DELETE, [check_key(key).encode()])
+        return reply[0] == b"1"
+
+    def num_keys(self) -> int:
+        _, reply = self._request(Op.NUM_KEYS, [])
+        return int(reply[0])
+
+    def close(self) -> None:
+        """Close the connection; on the master also stop the server (clients then fail)."""
+        if getattr(self, "_lock", None) is None:
+            return
+        self._closed = True
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
+    def __repr__(self) -> str:
+        role = "master" if self.is_master else "client"
+        return f"TCPStore({self.host!r}, {self.port}, {role})"
