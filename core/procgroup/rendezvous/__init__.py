@@ -4,5 +4,6 @@ from ._store import Store
 from ._hash import HashStore
 from ._prefix import PrefixStore
 from ._tcp import TCPStore
+from ._file import FileStore
 
-__all__ = ["HashStore", "PrefixStore", "Store", "TCPStore"]
+__all__ = ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore"]
