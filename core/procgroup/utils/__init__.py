@@ -1,0 +1,1 @@
+"""Helpers for training scripts built on procgroup (see :mod:`procgroup.utils.comm`)."""
