@@ -1,0 +1,1 @@
+"""procgroup over TCP sockets."""

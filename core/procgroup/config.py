@@ -1,0 +1,125 @@
+"""pydantic models for the user-facing settings of init_process_group, and env parsing.
+
+Validation errors become :class:`~procgroup.errors.InvalidArgumentError` whose message
+names the value, what was expected and where it came from (argument or variable).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import InvalidArgumentError
+
+#: Default for every blocking call; PROCGROUP_TIMEOUT (seconds) overrides it.
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_BACKEND = "tcp"
+
+ENV_BACKEND = "PROCGROUP_BACKEND"
+ENV_TIMEOUT = "PROCGROUP_TIMEOUT"
+ENV_SOCKET_IFNAME = "PROCGROUP_SOCKET_IFNAME"
+ENV_SHM = "PROCGROUP_TCP_SHM"
+
+
+def timeout_seconds(value: Any, *, source: str = "argument timeout") -> float:
+    """Accept a ``datetime.timedelta`` or a number of seconds; must be positive."""
+    if isinstance(value, datetime.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"{source}={value!r}: expected a number of seconds"
+            ) from None
+    else:
+        raise InvalidArgumentError(
+            f"{source}={value!r}: expected a datetime.timedelta or a number of seconds"
+        )
+    if not seconds > 0:
+        raise InvalidArgumentError(f"{source}={value!r}: must be positive")
+    return seconds
+
+
+class InitSettings(BaseModel):
+    """The arguments of init_process_group, after defaults from the environment."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: str = Field(min_length=1)
+    init_method: str | None = None
+    world_size: int = Field(ge=-1)
+    rank: int = Field(ge=-1)
+    group_name: str = ""
+    timeout: float = Field(gt=0)
+
+    @field_validator("world_size")
+    @classmethod
+    def _nonzero(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("must be positive, or -1 to take it from the init method")
+        return v
+
+
+def _describe(errors: list[dict[str, Any]], sources: Mapping[str, str]) -> str:
+    parts = []
+    for err in errors:
+        field = str(err["loc"][0]) if err["loc"] else "?"
+        where = sources.get(field, f"argument {field}")
+        parts.append(f"{where}={err.get('input')!r}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def init_settings(
+    backend: str | None,
+    init_method: str | None,
+    world_size: Any,
+    rank: Any,
+    group_name: Any,
+    timeout: Any,
+    environ: Mapping[str, str] | None = None,
+) -> InitSettings:
+    """Validate init_process_group's arguments; None values fall back to the environment."""
+    env = os.environ if environ is None else environ
+    sources: dict[str, str] = {}
+    if backend is None:
+        backend = env.get(ENV_BACKEND) or DEFAULT_BACKEND
+        sources["backend"] = f"environment variable {ENV_BACKEND}" if env.get(ENV_BACKEND) else "default backend"
+    if timeout is None:
+        if env.get(ENV_TIMEOUT):
+            timeout = timeout_seconds(env[ENV_TIMEOUT], source=f"environment variable {ENV_TIMEOUT}")
+        else:
+            timeout = DEFAULT_TIMEOUT_S
+    else:
+        timeout = timeout_seconds(timeout)
+    try:
+        return InitSettings(
+            backend=backend.lower() if isinstance(backend, str) else backend,
+            init_method=init_method,
+            world_size=world_size,
+            rank=rank,
+            group_name=group_name,
+            timeout=timeout,
+        )
+    except ValidationError as exc:
+        raise InvalidArgumentError(
+            "init_process_group: " + _describe(exc.errors(), sources)
+        ) from None
+
+
+__all__ = [
+    "DEFAULT_BACKEND",
+    "DEFAULT_TIMEOUT_S",
+    "ENV_BACKEND",
+    "ENV_SHM",
+    "ENV_SOCKET_IFNAME",
+    "ENV_TIMEOUT",
+    "InitSettings",
+    "init_settings",
+    "timeout_seconds",
+]

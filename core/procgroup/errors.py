@@ -1,0 +1,98 @@
+"""The exception hierarchy of procgroup.
+
+Every error procgroup raises on purpose derives from :class:`ProcGroupError`, and also
+from the builtin that fits (ValueError, TypeError, TimeoutError, ...), so callers can
+catch either the specific procgroup class or the generic Python one.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class ProcGroupError(Exception):
+    """Base class of every error procgroup raises on purpose."""
+
+
+class NotInitializedError(ProcGroupError, RuntimeError):
+    """A call needs ``init_process_group`` first (or the group was destroyed)."""
+
+
+class AlreadyInitializedError(ProcGroupError, RuntimeError):
+    """``init_process_group`` was called twice without ``destroy_process_group``."""
+
+
+class InvalidArgumentError(ProcGroupError, ValueError):
+    """An argument or environment variable has a bad value; the message names it."""
+
+
+class InvalidArrayError(ProcGroupError, TypeError):
+    """An array cannot be used: wrong type, not contiguous, read-only, wrong dtype/shape."""
+
+
+class UnsupportedOperationError(ProcGroupError, NotImplementedError):
+    """The backend cannot do this op on this device or dtype; the message names all three."""
+
+
+class BackendNotFoundError(ProcGroupError, ValueError):
+    """No installed backend has the requested name; the message lists the installed ones."""
+
+
+class BackendUnavailableError(ProcGroupError, RuntimeError):
+    """The backend is installed but cannot run here (no GPU, missing library, ...)."""
+
+
+class PluginError(ProcGroupError, RuntimeError):
+    """A plugin is malformed, or two plugins claim one backend name."""
+
+
+class RendezvousError(ProcGroupError, RuntimeError):
+    """The init method could not bring the ranks together."""
+
+
+class StoreError(ProcGroupError, RuntimeError):
+    """A key-value Store operation failed (connection lost, bad reply, ...)."""
+
+
+class CommTimeoutError(ProcGroupError, TimeoutError):
+    """A blocking call ran past its timeout; the message names the op and the missing ranks."""
+
+    def __init__(self, message: str, *, op: str = "", ranks: Iterable[int] = ()) -> None:
+        super().__init__(message)
+        self.op = op
+        self.ranks = tuple(ranks)
+
+
+class StoreTimeoutError(CommTimeoutError):
+    """Waiting for Store keys ran past the timeout; the message names the keys."""
+
+
+class PeerError(ProcGroupError, ConnectionError):
+    """A peer rank died, closed its connection or reported a failure."""
+
+    def __init__(self, message: str, *, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class ChannelClosedError(ProcGroupError, RuntimeError):
+    """The DataChannel was closed (destroy_process_group) while the call was pending."""
+
+
+__all__ = [
+    "AlreadyInitializedError",
+    "BackendNotFoundError",
+    "BackendUnavailableError",
+    "ChannelClosedError",
+    "CommTimeoutError",
+    "InvalidArgumentError",
+    "InvalidArrayError",
+    "NotInitializedError",
+    "PeerError",
+    "PluginError",
+    "ProcGroupError",
+    "RendezvousError",
+    "StoreError",
+    "StoreTimeoutError",
+    "UnsupportedOperationError",
+]
