@@ -28,6 +28,10 @@ logger = logging.getLogger(__name__)
 #: on the connection (the server answers blocking calls at their deadline).
 REPLY_GRACE = 10.0
 
+#: Seconds the master's close() waits for the other ranks to disconnect first, so a
+#: rank that finishes early does not cut off the others' last Store calls.
+CLOSE_GRACE = 5.0
+
 
 class TCPStore(Store):
     """Key-value store hosted by the ``is_master`` process, reached over TCP.
@@ -39,6 +43,9 @@ class TCPStore(Store):
     """
 
     _closed = True
+    #: Master only: seconds close() waits for the other clients to disconnect before it
+    #: stops the server (0: stop at once, as torch.distributed does).
+    close_grace: float = CLOSE_GRACE
 
     def __init__(
         self,
@@ -83,7 +90,7 @@ class TCPStore(Store):
             if is_master and world_size is not None and wait_for_workers:
                 self._wait_workers(world_size, self.timeout)
         except BaseException:
-            self.close()
+            self._close(0.0)
             raise
 
     # ---------------------------------------------------------------- transport
@@ -220,7 +227,20 @@ class TCPStore(Store):
         return int(reply[0])
 
     def close(self) -> None:
-        """Close the connection; on the master also stop the server (clients then fail)."""
+        """Close the connection; on the master also stop the server (clients then fail).
+
+        The master first waits up to :attr:`close_grace` seconds for the other clients
+        to disconnect.
+        """
+        self._close(self.close_grace)
+
+    def __del__(self) -> None:
+        try:
+            self._close(0.0)  # never block in a finaliser
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _close(self, grace: float) -> None:
         if getattr(self, "_lock", None) is None:
             return
         self._closed = True
@@ -233,6 +253,11 @@ class TCPStore(Store):
             sock.close()
         server, self._server = self._server, None
         if server is not None:
+            if grace > 0 and not server.wait_idle(grace):
+                logger.warning(
+                    "TCPStore: stopping the server on port %d while clients are still "
+                    "connected (close_grace=%gs passed)", self.port, grace
+                )
             server.stop()
 
     def __repr__(self) -> str:

@@ -65,6 +65,8 @@ class StoreServer:
         self._sel.register(self._lsock, selectors.EVENT_READ, None)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._stopping = False
+        self._live = 0  # client connections open now
+        self._idle = threading.Condition()
         self._thread = threading.Thread(
             target=self._run, name=f"procgroup-TCPStore-{self.port}", daemon=True
         )
@@ -83,6 +85,17 @@ class StoreServer:
             pass
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no client is connected (or ``timeout``); True if idle."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._live > 0:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopping:
+                    return False
+                self._idle.wait(left)
+            return True
 
     def _run(self) -> None:
         try:
@@ -125,13 +138,18 @@ class StoreServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(sock, f"{addr[0]}:{addr[1]}")
             self._sel.register(sock, selectors.EVENT_READ, conn)
+            with self._idle:
+                self._live += 1
 
     def _drop(self, conn: _Conn) -> None:
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
-            pass
+            return  # already dropped
         conn.sock.close()
+        with self._idle:
+            self._live -= 1
+            self._idle.notify_all()
         if conn.waiting is not None:
             self._waiters.remove(conn.waiting)
             conn.waiting = None

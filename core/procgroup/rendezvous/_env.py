@@ -1,0 +1,133 @@
+"""Environment variables read by ``env://``, parsed with pydantic so errors name them.
+
+Rank and world size come from the first of these that is set (an argument to
+``rendezvous`` beats them all):
+
+=============  ============================  ==========================
+source         rank                          world size
+=============  ============================  ==========================
+procgroup      RANK                          WORLD_SIZE
+Open MPI       OMPI_COMM_WORLD_RANK          OMPI_COMM_WORLD_SIZE
+MPICH / PMI    PMI_RANK                      PMI_SIZE
+PMIx           PMIX_RANK                     (none)
+Slurm          SLURM_PROCID                  SLURM_NTASKS
+=============  ============================  ==========================
+
+MASTER_ADDR defaults to the first host of SLURM_JOB_NODELIST, then to
+SLURM_LAUNCH_NODE_IPADDR. MASTER_PORT has no default.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from procgroup.errors import InvalidArgumentError
+
+Rank = Annotated[int, Field(ge=0)]
+Size = Annotated[int, Field(ge=1)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+#: (rank variable, size variable or None), in order of precedence.
+RANK_SOURCES: tuple[tuple[str, str | None], ...] = (
+    ("RANK", "WORLD_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+    ("PMIX_RANK", None),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+)
+
+
+class RendezvousEnv(BaseModel):
+    """The variables env:// understands; unset or empty ones are None."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=False)
+
+    MASTER_ADDR: str | None = None
+    MASTER_PORT: Port | None = None
+    RANK: Rank | None = None
+    WORLD_SIZE: Size | None = None
+    OMPI_COMM_WORLD_RANK: Rank | None = None
+    OMPI_COMM_WORLD_SIZE: Size | None = None
+    PMI_RANK: Rank | None = None
+    PMI_SIZE: Size | None = None
+    PMIX_RANK: Rank | None = None
+    SLURM_PROCID: Rank | None = None
+    SLURM_NTASKS: Size | None = None
+    SLURM_JOB_NODELIST: str | None = None
+    SLURM_LAUNCH_NODE_IPADDR: str | None = None
+
+    @field_validator("MASTER_ADDR", "SLURM_LAUNCH_NODE_IPADDR")
+    @classmethod
+    def _no_spaces(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or any(c.isspace() for c in v.strip())):
+            raise ValueError("must be a host name or IP address without spaces")
+        return v.strip() if v is not None else None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], scheme: str = "env://") -> "RendezvousEnv":
+        """Validate the known variables of ``environ``; errors name variable and value."""
+        raw = {k: environ[k].strip() for k in cls.model_fields if environ.get(k, "").strip()}
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            problems = []
+            for err in exc.errors():
+                name = str(err["loc"][0]) if err["loc"] else "?"
+                problems.append(
+                    f"environment variable {name}={raw.get(name, '')!r} is invalid: {err['msg']}"
+                )
+            raise InvalidArgumentError(f"{scheme}: " + "; ".join(problems)) from None
+
+    def rank_and_source(self) -> tuple[int | None, str]:
+        """The rank and the variable it came from (None, '' when unset)."""
+        for rank_var, _ in RANK_SOURCES:
+            value = getattr(self, rank_var)
+            if value is not None:
+                return value, rank_var
+        return None, ""
+
+    def size_and_source(self) -> tuple[int | None, str]:
+        """The world size and the variable it came from (None, '' when unset)."""
+        for _, size_var in RANK_SOURCES:
+            if size_var is not None and getattr(self, size_var) is not None:
+                return getattr(self, size_var), size_var
+        return None, ""
+
+    def master_addr_and_source(self) -> tuple[str | None, str]:
+        """MASTER_ADDR, else the first Slurm node, else the Slurm launch node."""
+        if self.MASTER_ADDR:
+            return self.MASTER_ADDR, "MASTER_ADDR"
+        if self.SLURM_JOB_NODELIST:
+            return first_slurm_host(self.SLURM_JOB_NODELIST), "SLURM_JOB_NODELIST"
+        if self.SLURM_LAUNCH_NODE_IPADDR:
+            return self.SLURM_LAUNCH_NODE_IPADDR, "SLURM_LAUNCH_NODE_IPADDR"
+        return None, ""
+
+
+_BRACKET = re.compile(r"\[([^\]]*)\]")
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host of a Slurm node list: ``"gpu[07-09,12],cpu1"`` -> ``"gpu07"``."""
+    depth, end = 0, len(nodelist)
+    for i, ch in enumerate(nodelist):  # the first entry ends at a comma outside brackets
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            end = i
+            break
+    entry = nodelist[:end].strip()
+
+    def first(match: re.Match[str]) -> str:
+        return match.group(1).split(",")[0].split("-")[0].strip()
+
+    host = _BRACKET.sub(first, entry)
+    if not host or "[" in host or "]" in host:
+        raise InvalidArgumentError(
+            f"env://: cannot read a host from SLURM_JOB_NODELIST={nodelist!r}; "
+            "set MASTER_ADDR"
+        )
+    return host

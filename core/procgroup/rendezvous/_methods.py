@@ -1,0 +1,387 @@
+"""``rendezvous(init_method)``: parse the URL, pick its handler, bring the ranks together."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import os
+import threading
+import time
+import urllib.parse
+from typing import Callable
+
+from procgroup.errors import InvalidArgumentError
+
+from ._env import RendezvousEnv
+from ._file import FileStore
+from ._result import RendezvousResult, join, job_store
+from ._tcp import TCPStore
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[..., RendezvousResult]
+
+_registered: dict[str, Handler] = {}
+_registry_lock = threading.Lock()
+
+
+def _scheme_prefix(scheme: str) -> str:
+    return f"{scheme}://"
+
+
+# ------------------------------------------------------------------ argument checks
+def _check_int(value: object, name: str, scheme: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(
+            f"{scheme}://: {name} must be an int, got {type(value).__name__} {value!r} "
+            "(argument)"
+        )
+    if value < minimum and value != -1:
+        raise InvalidArgumentError(
+            f"{scheme}://: {name} must be >= {minimum} (or -1 for 'not given'), got "
+            f"{value} (argument)"
+        )
+    return value
+
+
+def _check_timeout(timeout: object, scheme: str) -> float:
+    if hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()  # type: ignore[union-attr]
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(
+        timeout
+    ) or timeout <= 0:
+        raise InvalidArgumentError(
+            f"{scheme}://: timeout must be a positive number of seconds or a timedelta, "
+            f"got {timeout!r} (argument)"
+        )
+    return float(timeout)
+
+
+def _query(url: urllib.parse.SplitResult, scheme: str, allowed: tuple[str, ...]) -> dict[str, str]:
+    """The URL's ``?a=b`` parameters; unknown ones are an error."""
+    try:
+        pairs = urllib.parse.parse_qsl(url.query, keep_blank_values=True, strict_parsing=bool(url.query))
+    except ValueError:
+        raise InvalidArgumentError(f"{scheme}://: cannot parse the URL query {url.query!r}") from None
+    params = dict(pairs)
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise InvalidArgumentError(
+            f"{scheme}://: unknown URL parameter(s) {unknown}; this init method accepts "
+            f"{list(allowed)}"
+        )
+    return params
+
+
+def _merge_int(
+    arg: int, params: dict[str, str], name: str, scheme: str, minimum: int
+) -> tuple[int, str]:
+    """The argument if given (not -1), else the URL parameter; returns (value, source)."""
+    if arg != -1:
+        return arg, "argument"
+    if name in params:
+        text = params[name]
+        try:
+            value = int(text)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"{scheme}://: URL parameter {name}={text!r} is not an integer"
+            ) from None
+        if value < minimum:
+            raise InvalidArgumentError(
+                f"{scheme}://: URL parameter {name}={value} must be >= {minimum}"
+            )
+        return value, "URL parameter"
+    return -1, ""
+
+
+def _check_rank(rank: int, world_size: int, scheme: str, rank_src: str, size_src: str) -> None:
+    if rank >= world_size:
+        raise InvalidArgumentError(
+            f"{scheme}://: rank {rank} (from {rank_src}) is out of range for world_size "
+            f"{world_size} (from {size_src}); ranks are 0..{world_size - 1}"
+        )
+
+
+def _host_port(url: urllib.parse.SplitResult, scheme: str) -> tuple[str, int]:
+    try:
+        host, port = url.hostname, url.port
+    except ValueError as exc:
+        raise InvalidArgumentError(f"{scheme}://: bad address {url.netloc!r}: {exc}") from None
+    if not host:
+        raise InvalidArgumentError(
+            f"{scheme}://: the URL has no host; expected {scheme}://HOST:PORT, got "
+            f"{urllib.parse.urlunsplit(url)!r}"
+        )
+    if port is None:
+        raise InvalidArgumentError(
+            f"{scheme}://: the URL has no port; expected {scheme}://HOST:PORT, got "
+            f"{urllib.parse.urlunsplit(url)!r}"
+        )
+    if port == 0:
+        raise InvalidArgumentError(f"{scheme}://: port 0 in the URL; give a real port")
+    return host, port
+
+
+# ------------------------------------------------------------------ built-in methods
+def env_rendezvous(
+    url: urllib.parse.SplitResult,
+    *,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    timeout: float,
+    environ: dict[str, str] | None = None,
+) -> RendezvousResult:
+    """env://: MASTER_ADDR/MASTER_PORT, rank and size from arguments or the launcher."""
+    scheme = "env"
+    params = _query(url, scheme, ("rank", "world_size"))
+    env = RendezvousEnv.from_environ(os.environ if environ is None else environ)
+    rank, rank_src = _merge_int(rank, params, "rank", scheme, 0)
+    world_size, size_src = _merge_int(world_size, params, "world_size", scheme, 1)
+    if rank == -1:
+        value, var = env.rank_and_source()
+        if value is None:
+            raise InvalidArgumentError(
+                "env://: RANK is not set; pass rank=... or set one of RANK, "
+                "OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, SLURM_PROCID"
+            )
+        rank, rank_src = value, f"environment variable {var}"
+    if world_size == -1:
+        value, var = env.size_and_source()
+        if value is None:
+            raise InvalidArgumentError(
+                "env://: WORLD_SIZE is not set; pass world_size=... or set one of "
+                "WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS"
+            )
+        world_size, size_src = value, f"environment variable {var}"
+    _check_rank(rank, world_size, scheme, rank_src, size_src)
+    addr, _addr_src = env.master_addr_and_source()
+    if addr is None:
+        raise InvalidArgumentError(
+            "env://: MASTER_ADDR is not set (environment variable; under Slurm it "
+            "defaults to the first host of SLURM_JOB_NODELIST)"
+        )
+    if env.MASTER_PORT is None:
+        raise InvalidArgumentError("env://: MASTER_PORT is not set (environment variable)")
+    return _tcp_store_rendezvous(
+        scheme, addr, env.MASTER_PORT, rank, world_size, group_name, timeout
+    )
+
+
+def tcp_rendezvous(
+    url: urllib.parse.SplitResult,
+    *,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    timeout: float,
+) -> RendezvousResult:
+    """tcp://HOST:PORT (rank 0 hosts the store) or tcp://MULTICAST:PORT (automatic ranks)."""
+    scheme = "tcp"
+    host, port = _host_port(url, scheme)
+    try:
+        ip = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        ip = None
+    if ip is not None and ip.is_multicast:
+        from ._multicast import multicast_rendezvous
+
+        params = _query(url, scheme, ("world_size", "ttl"))
+        world_size, _ = _merge_int(world_size, params, "world_size", scheme, 1)
+        if world_size == -1:
+            raise InvalidArgumentError(
+                "tcp://: world_size must be given explicitly (argument or ?world_size=) "
+                f"with the multicast address {host}"
+            )
+        if rank != -1:
+            raise InvalidArgumentError(
+                f"tcp://: ranks are assigned automatically with the multicast address "
+                f"{host}; do not pass rank (got {rank} as argument)"
+            )
+        ttl, _ = _merge_int(-1, params, "ttl", scheme, 1)
+        return multicast_rendezvous(
+            host, port, world_size=world_size, group_name=group_name, timeout=timeout,
+            ttl=1 if ttl == -1 else ttl,
+        )
+    params = _query(url, scheme, ("rank", "world_size"))
+    rank, rank_src = _merge_int(rank, params, "rank", scheme, 0)
+    world_size, size_src = _merge_int(world_size, params, "world_size", scheme, 1)
+    if rank == -1:
+        raise InvalidArgumentError(
+            "tcp://: rank must be given explicitly (argument rank= or URL ?rank=); "
+            "automatic ranks need a multicast address or file://"
+        )
+    if world_size == -1:
+        raise InvalidArgumentError(
+            "tcp://: world_size must be given explicitly (argument world_size= or URL "
+            "?world_size=)"
+        )
+    _check_rank(rank, world_size, scheme, rank_src, size_src)
+    return _tcp_store_rendezvous(scheme, host, port, rank, world_size, group_name, timeout)
+
+
+def _tcp_store_rendezvous(
+    scheme: str, host: str, port: int, rank: int, world_size: int, group_name: str,
+    timeout: float,
+) -> RendezvousResult:
+    deadline = time.monotonic() + timeout
+    from procgroup.errors import StoreTimeoutError
+
+    try:
+        base = TCPStore(
+            host, port, world_size, is_master=rank == 0, timeout=timeout,
+            wait_for_workers=False,
+        )
+    except StoreTimeoutError as exc:
+        raise StoreTimeoutError(
+            f"{scheme}://: rendezvous timed out after {timeout:g}s: rank {rank} could not "
+            f"reach rank 0's store at {host}:{port} ({exc})",
+            op="rendezvous", ranks=[0],
+        ) from None
+    return join(
+        job_store(base, group_name), scheme + "://", rank, world_size, deadline, host,
+        total_timeout=timeout,
+    )
+
+
+def file_rendezvous(
+    url: urllib.parse.SplitResult,
+    *,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    timeout: float,
+) -> RendezvousResult:
+    """file:///PATH: a FileStore; ranks from an atomic counter in the file when rank=-1."""
+    scheme = "file"
+    if url.netloc not in ("", "localhost"):
+        raise InvalidArgumentError(
+            f"file://: the path must be absolute, as in file:///dir/name; got host part "
+            f"{url.netloc!r} in {urllib.parse.urlunsplit(url)!r}"
+        )
+    path = urllib.parse.unquote(url.path)
+    if not path or path.endswith("/"):
+        raise InvalidArgumentError(
+            f"file://: the URL names no file (path {path!r}); expected file:///dir/name"
+        )
+    params = _query(url, scheme, ("rank", "world_size"))
+    rank, rank_src = _merge_int(rank, params, "rank", scheme, 0)
+    world_size, size_src = _merge_int(world_size, params, "world_size", scheme, 1)
+    if world_size == -1:
+        raise InvalidArgumentError(
+            "file://: world_size must be given explicitly (argument world_size= or URL "
+            "?world_size=)"
+        )
+    if rank != -1:
+        _check_rank(rank, world_size, scheme, rank_src, size_src)
+    deadline = time.monotonic() + timeout
+    try:
+        base = FileStore(path, world_size, timeout=timeout)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"file://: {exc}") from None
+    return join(
+        job_store(base, group_name), "file://", rank, world_size, deadline, None,
+        total_timeout=timeout, assign_rank=rank == -1,
+    )
+
+
+_BUILTIN: dict[str, Handler] = {
+    "env": env_rendezvous,
+    "tcp": tcp_rendezvous,
+    "file": file_rendezvous,
+}
+
+
+# ------------------------------------------------------------------ registry
+def _check_scheme(scheme: object) -> str:
+    if not isinstance(scheme, str) or not scheme:
+        raise InvalidArgumentError(f"init method scheme must be a non-empty str, got {scheme!r}")
+    s = scheme.lower().removesuffix("://")
+    if not s.replace("+", "").replace("-", "").replace(".", "").isalnum() or not s[0].isalpha():
+        raise InvalidArgumentError(
+            f"{scheme}: not a valid URL scheme (letters, digits, '+', '-', '.'; starting "
+            "with a letter)"
+        )
+    return s
+
+
+def register_init_method(scheme: str, handler: Handler) -> None:
+    """Add a URL scheme: ``handler(url, *, rank, world_size, group_name, timeout)``.
+
+    The built-in schemes (env, tcp, file) cannot be replaced; registering a scheme
+    again replaces the earlier handler.
+    """
+    s = _check_scheme(scheme)
+    if not callable(handler):
+        raise InvalidArgumentError(f"{s}://: handler must be callable, got {handler!r}")
+    if s in _BUILTIN:
+        raise InvalidArgumentError(f"{s}://: is a built-in init method and cannot be replaced")
+    with _registry_lock:
+        _registered[s] = handler
+
+
+def _plugin_methods() -> dict[str, Handler]:
+    """Schemes from installed plugins; empty until procgroup.plugins provides them."""
+    try:
+        from procgroup import plugins  # imported lazily: plugin discovery is not free
+
+        found = plugins.extra_init_methods()
+    except (ImportError, AttributeError):
+        return {}
+    return {str(k).lower(): v for k, v in dict(found).items()}
+
+
+def _handler_for(scheme: str) -> Handler:
+    if scheme in _BUILTIN:
+        return _BUILTIN[scheme]
+    with _registry_lock:
+        if scheme in _registered:
+            return _registered[scheme]
+    plugins = _plugin_methods()
+    if scheme in plugins:
+        return plugins[scheme]
+    with _registry_lock:
+        known = sorted(set(_BUILTIN) | set(_registered) | set(plugins))
+    raise InvalidArgumentError(
+        f"{scheme}://: unknown init method; choose one of: "
+        + ", ".join(f"{k}://" for k in known)
+    )
+
+
+def rendezvous(
+    init_method: str = "env://",
+    *,
+    rank: int = -1,
+    world_size: int = -1,
+    group_name: str = "",
+    timeout: float = 300.0,
+) -> RendezvousResult:
+    """Bring ``world_size`` processes together through ``init_method``.
+
+    Returns the job's Store (a key space private to ``group_name``), this process's
+    rank, the world size, and rank 0's address where there is one. ``rank`` and
+    ``world_size`` of -1 mean "not given" (taken from the URL, environment or assigned
+    automatically, depending on the method).
+    """
+    if not isinstance(init_method, str) or "://" not in init_method:
+        raise InvalidArgumentError(
+            f"{init_method!r}: init_method must be a URL such as env://, "
+            "tcp://HOST:PORT, tcp://MULTICAST:PORT or file:///PATH"
+        )
+    url = urllib.parse.urlsplit(init_method)
+    scheme = _check_scheme(url.scheme or init_method.split("://")[0])
+    rank = _check_int(rank, "rank", scheme, 0)
+    world_size = _check_int(world_size, "world_size", scheme, 1)
+    if not isinstance(group_name, str):
+        raise InvalidArgumentError(
+            f"{scheme}://: group_name must be a str, got {type(group_name).__name__} (argument)"
+        )
+    seconds = _check_timeout(timeout, scheme)
+    handler = _handler_for(scheme)
+    logger.debug(
+        "rendezvous %s rank=%d world_size=%d group=%r", init_method, rank, world_size,
+        group_name,
+    )
+    return handler(url, rank=rank, world_size=world_size, group_name=group_name, timeout=seconds)
