@@ -89,6 +89,8 @@ class _Channel:
         if not isinstance(msg, dict) or msg.get("p") != PROTOCOL:
             return None
         host = src[0]
+        if host in ("0.0.0.0", "::"):  # no source address: it came from this host
+            host = "::1" if self.v6 else "127.0.0.1"
         if self.v6 and len(src) >= 4 and src[3] and host.startswith("fe80"):
             host = f"{host}%{socket.if_indextoname(src[3])}"
         return msg, host
