@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from .ring import exchange
 
 if TYPE_CHECKING:
     from ..channel import DataChannel
@@ -52,9 +53,7 @@ def all_to_all(ch: "DataChannel", output_list: Sequence[np.ndarray],
     _copy_if_distinct(output_list[r], input_list[r])
     for step in range(1, n):
         dst, src = (r + step) % n, (r - step) % n
-        work = ch.isend(input_list[dst], dst, tag)
-        ch.recv(output_list[src], src, tag)
-        work.wait()
+        exchange(ch, input_list[dst], dst, output_list[src], src, tag)
 
 
 def barrier(ch: "DataChannel", tag: int) -> None:
@@ -64,7 +63,5 @@ def barrier(ch: "DataChannel", tag: int) -> None:
     incoming = np.empty(1, dtype=np.uint8)
     dist = 1
     while dist < n:
-        work = ch.isend(token, (r + dist) % n, tag)
-        ch.recv(incoming, (r - dist) % n, tag)
-        work.wait()
+        exchange(ch, token, (r + dist) % n, incoming, (r - dist) % n, tag)
         dist <<= 1

@@ -15,6 +15,14 @@ if TYPE_CHECKING:
 SMALL_ALL_REDUCE_BYTES = 64 * 1024
 
 
+def exchange(ch: "DataChannel", out: Any, dst: int, into: Any, src: int, tag: int) -> None:
+    """Send ``out`` to ``dst`` while receiving ``into`` from ``src`` (recv posted first,
+    so a transport can land the payload straight in ``into``)."""
+    work = ch.irecv(into, src, tag)
+    ch.send(out, dst, tag)
+    work.wait()
+
+
 def chunk_bounds(count: int, parts: int) -> list[int]:
     """Split ``count`` elements into ``parts`` near-equal runs; returns parts+1 offsets."""
     return [(i * count) // parts for i in range(parts + 1)]
@@ -48,9 +56,7 @@ def recursive_doubling_all_reduce(ch: "DataChannel", array: np.ndarray, op: Redu
     mask = 1
     while mask < p2:
         peer = r ^ mask
-        work = ch.isend(flat, peer, tag)
-        ch.recv(tmp, peer, tag)
-        work.wait()
+        exchange(ch, flat, peer, tmp, peer, tag)
         # every op is commutative, so both partners compute bit-identical results
         reduce_into(op, flat, tmp)
         mask <<= 1
@@ -69,17 +75,13 @@ def ring_all_reduce(ch: "DataChannel", array: np.ndarray, op: ReduceOp, tag: int
     right, left = (r + 1) % n, (r - 1) % n
     for step in range(n - 1):
         send_idx, recv_idx = (r - step) % n, (r - step - 1) % n
-        work = ch.isend(chunks[send_idx], right, tag)
         incoming = tmp[: chunks[recv_idx].size]
-        ch.recv(incoming, left, tag)
+        exchange(ch, chunks[send_idx], right, incoming, left, tag)
         reduce_into(op, chunks[recv_idx], incoming)
-        work.wait()
     finish_average(op, chunks[(r + 1) % n], n)
     for step in range(n - 1):
         send_idx, recv_idx = (r + 1 - step) % n, (r - step) % n
-        work = ch.isend(chunks[send_idx], right, tag)
-        ch.recv(chunks[recv_idx], left, tag)
-        work.wait()
+        exchange(ch, chunks[send_idx], right, chunks[recv_idx], left, tag)
 
 
 def all_gather(ch: "DataChannel", output_list: Sequence[Any], array: np.ndarray, tag: int) -> None:
@@ -90,9 +92,7 @@ def all_gather(ch: "DataChannel", output_list: Sequence[Any], array: np.ndarray,
         outs[r][...] = array.reshape(-1)
     right, left = (r + 1) % n, (r - 1) % n
     for step in range(n - 1):
-        work = ch.isend(outs[(r - step) % n], right, tag)
-        ch.recv(outs[(r - step - 1) % n], left, tag)
-        work.wait()
+        exchange(ch, outs[(r - step) % n], right, outs[(r - step - 1) % n], left, tag)
 
 
 def reduce_scatter(ch: "DataChannel", output: np.ndarray, input_list: Sequence[np.ndarray],
@@ -110,9 +110,7 @@ def reduce_scatter(ch: "DataChannel", output: np.ndarray, input_list: Sequence[n
     for step in range(n - 1):
         recv_idx = (r - step - 2) % n
         incoming = out if step == n - 2 else buffers[step % 2]
-        work = ch.isend(outgoing, right, tag)
-        ch.recv(incoming, left, tag)
-        work.wait()
+        exchange(ch, outgoing, right, incoming, left, tag)
         reduce_into(op, incoming, ins[recv_idx])
         outgoing = incoming
     finish_average(op, out, n)

@@ -1,0 +1,286 @@
+"""Connections of the tcp backend: the mesh set-up and one Peer per remote rank."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from procgroup.channel import ChannelContext
+from procgroup.errors import CommTimeoutError, PeerError
+
+from . import _wire
+
+if TYPE_CHECKING:
+    from .channel import TcpChannel
+
+log = logging.getLogger(__name__)
+
+_SMALL_FRAME = 64 * 1024  # header and payload go out in one write up to this size
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
+    """Connect to every other rank of the channel; returns rank -> connected socket.
+
+    Every rank listens on port 0 and publishes its address in the Store; rank i connects
+    to ranks below it (their listen backlog completes the handshake before they accept)
+    and then accepts the ranks above it.
+    """
+    deadline = time.monotonic() + ctx.timeout
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((address, 0))
+        listener.listen(max(ctx.size, 16))
+        host, port = listener.getsockname()[:2]
+        ctx.store.set(f"tcp/addr/{ctx.rank}", f"{host}:{port}")
+        socks: dict[int, socket.socket] = {}
+        for peer in range(ctx.rank):
+            socks[peer] = _connect_to(ctx, peer, deadline)
+        expected = set(range(ctx.rank + 1, ctx.size))
+        while expected:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(ctx.global_rank(r) for r in expected)
+                raise CommTimeoutError(
+                    f"tcp: ranks {missing} did not connect within {ctx.timeout}s", op="init", ranks=missing
+                )
+            listener.settimeout(min(remaining, 1.0))
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                continue
+            conn.settimeout(max(deadline - time.monotonic(), 0.1))
+            try:
+                peer = _read_hello(conn, ctx)
+            except (OSError, ValueError) as exc:
+                log.warning("tcp: rejected a connection with a bad hello: %s", exc)
+                conn.close()
+                continue
+            if peer not in expected:
+                log.warning("tcp: rejected an unexpected connection from rank %d", peer)
+                conn.close()
+                continue
+            expected.discard(peer)
+            socks[peer] = conn
+        for sock in socks.values():
+            _tune(sock)
+            sock.settimeout(ctx.timeout)
+        return socks
+    finally:
+        listener.close()
+
+
+def _connect_to(ctx: ChannelContext, peer: int, deadline: float) -> socket.socket:
+    remaining = max(deadline - time.monotonic(), 0.1)
+    addr = ctx.store.get(f"tcp/addr/{peer}", timeout=remaining).decode()
+    host, port = addr.rsplit(":", 1)
+    last: OSError | None = None
+    while time.monotonic() < deadline:
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=max(deadline - time.monotonic(), 0.1))
+            sock.sendall(_wire.HELLO.pack(_wire.MAGIC, _wire.VERSION, ctx.rank, ctx.size, ctx.group_id))
+            return sock
+        except OSError as exc:
+            last = exc
+            time.sleep(0.05)
+    gr = ctx.global_rank(peer)
+    raise CommTimeoutError(f"tcp: could not connect to rank {gr} at {addr} within {ctx.timeout}s: {last}",
+                           op="init", ranks=[gr])
+
+
+def _read_hello(conn: socket.socket, ctx: ChannelContext) -> int:
+    buf = _recv_exact_small(conn, _wire.HELLO.size)
+    magic, version, rank, size, group_id = _wire.HELLO.unpack(buf)
+    if magic != _wire.MAGIC or version != _wire.VERSION:
+        raise ValueError(f"not a procgroup tcp peer (magic {magic:#x}, version {version})")
+    if size != ctx.size or group_id != ctx.group_id:
+        raise ValueError(f"peer is from another group (size {size}, group {group_id})")
+    return rank
+
+
+def _recv_exact_small(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise ValueError("connection closed during hello")
+        data += chunk
+    return data
+
+
+class Peer:
+    """One remote rank: its socket, a reader thread, and an ordered send path."""
+
+    def __init__(self, rank: int, global_rank: int, sock: socket.socket, timeout: float,
+                 channel: "TcpChannel") -> None:
+        self.rank = rank
+        self.global_rank = global_rank
+        self.sock = sock
+        self.timeout = timeout
+        self.channel = channel
+        self.left = False  # sent a goodbye frame
+        self._closing = False
+        self._send_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queued = 0
+        self._sender: concurrent.futures.ThreadPoolExecutor | None = None
+        self._seq_out = 0
+        self._seq_in = 0
+        self._reader = threading.Thread(target=self._read_loop, name=f"procgroup-tcp-recv-{global_rank}",
+                                        daemon=True)
+        self._send_error: BaseException | None = None
+
+    def start_reader(self) -> None:
+        self._reader.start()
+
+    # ------------------------------------------------------------------ sending
+    @property
+    def has_queued_sends(self) -> bool:
+        return self._queued > 0
+
+    def send(self, view: memoryview, tag: int, dtype_char: bytes) -> None:
+        """Blocking send; goes behind queued isends so frames keep their order."""
+        if self._queued:
+            self.send_async(view, tag, dtype_char).result()
+            return
+        self._write(view, tag, dtype_char)
+
+    def send_async(self, view: memoryview, tag: int, dtype_char: bytes) -> concurrent.futures.Future[None]:
+        with self._queue_lock:
+            if self._sender is None:
+                self._sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"procgroup-tcp-send-{self.global_rank}")
+            self._queued += 1
+        fut = self._sender.submit(self._write, view, tag, dtype_char)
+        fut.add_done_callback(self._dequeue)
+        return fut
+
+    def _dequeue(self, _: Any) -> None:
+        with self._queue_lock:
+            self._queued -= 1
+
+    def _write(self, view: memoryview, tag: int, dtype_char: bytes) -> None:
+        if self._send_error is not None:
+            raise self._send_error
+        with self._send_lock:
+            header = _wire.pack_header(_wire.KIND_DATA, dtype_char, tag, self._seq_out, view.nbytes)
+            self._seq_out += 1
+            try:
+                if view.nbytes <= _SMALL_FRAME:
+                    self.sock.sendall(header + view.tobytes())
+                else:
+                    self.sock.sendall(header)
+                    self.sock.sendall(view)
+            except socket.timeout:
+                raise CommTimeoutError(
+                    f"send to rank {self.global_rank} timed out after {self.timeout}s (it is not reading)",
+                    op="send", ranks=[self.global_rank],
+                ) from None
+            except OSError as exc:
+                err = PeerError(f"rank {self.global_rank} is unreachable: connection lost while sending ({exc})",
+                                rank=self.global_rank)
+                self.channel.peer_failed(self, err)
+                raise err from None
+
+    def fail_pending_sends(self, exc: BaseException) -> None:
+        self._send_error = exc
+
+    # ------------------------------------------------------------------ receiving
+    def _read_loop(self) -> None:
+        header = bytearray(_wire.HEADER_SIZE)
+        hview = memoryview(header)
+        try:
+            while True:
+                if not self._read_into(hview, at_boundary=True):
+                    return
+                kind, dtype_char, tag, seq, nbytes = _wire.unpack_header(header)
+                if kind == _wire.KIND_GOODBYE:
+                    self.left = True
+                    self.channel.peer_left(self)
+                    return
+                if seq != self._seq_in:
+                    raise ValueError(f"frame {seq} arrived where {self._seq_in} was due")
+                self._seq_in += 1
+                self._receive_payload(tag, nbytes, dtype_char)
+        except (OSError, ValueError, PeerError) as exc:
+            if self._closing or self.channel._closed:
+                return
+            reason = exc if isinstance(exc, PeerError) else PeerError(
+                f"lost the connection to rank {self.global_rank}: {exc}", rank=self.global_rank)
+            self.channel.peer_failed(self, reason)
+
+    def _receive_payload(self, tag: int, nbytes: int, dtype_char: bytes) -> None:
+        from .channel import _PostedRecv, check_size
+
+        target = self.channel.match_incoming(self.rank, tag, nbytes, dtype_char)
+        if isinstance(target, _PostedRecv):
+            try:
+                check_size(nbytes, dtype_char, target, self.global_rank)
+            except Exception as exc:  # noqa: BLE001 - reported to the receiver, stream kept in sync
+                self._discard(nbytes)
+                target.finish(self.rank, exc)
+                return
+            self._read_into(target.view, at_boundary=False)
+            target.finish(self.rank)
+        else:
+            self._read_into(memoryview(target.data), at_boundary=False)
+            target.done.set()
+
+    def _discard(self, nbytes: int) -> None:
+        scratch = memoryview(bytearray(min(nbytes, 1 << 20)))
+        while nbytes > 0:
+            n = min(nbytes, len(scratch))
+            self._read_into(scratch[:n], at_boundary=False)
+            nbytes -= n
+
+    def _read_into(self, view: memoryview, *, at_boundary: bool) -> bool:
+        """Fill ``view`` from the socket. False on a clean EOF before a frame starts.
+
+        Idle time between frames is normal, so a timeout there just loops; a peer that
+        stalls in the middle of a frame for longer than the timeout is reported dead.
+        """
+        got, total = 0, view.nbytes
+        while got < total:
+            try:
+                n = self.sock.recv_into(view[got:], total - got)
+            except socket.timeout:
+                if at_boundary and got == 0 and not self._closing:
+                    continue
+                raise PeerError(
+                    f"rank {self.global_rank} stalled for {self.timeout}s in the middle of a message",
+                    rank=self.global_rank) from None
+            if n == 0:
+                if self._closing:
+                    return False
+                raise PeerError(
+                    f"rank {self.global_rank} closed its connection without a goodbye "
+                    f"(the process died or exited without destroy_process_group)", rank=self.global_rank)
+            got += n
+        return True
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        self._closing = True
+        if not self.left and self._send_error is None:
+            # a sender stuck on a dead peer must not hold up teardown for long
+            if self._send_lock.acquire(timeout=1.0):
+                try:
+                    self.sock.settimeout(1.0)
+                    self.sock.sendall(_wire.pack_header(_wire.KIND_GOODBYE, b"B", 0, self._seq_out, 0))
+                except OSError:
+                    pass
+                finally:
+                    self._send_lock.release()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        if self._sender is not None:
+            self._sender.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,282 @@
+"""TcpChannel: procgroup's default DataChannel, over one TCP connection per peer pair.
+
+Each rank binds port 0 on the chosen interface and publishes ``host:port`` through the
+Store (no port races); higher ranks connect to lower ones. A reader thread per peer
+parses frames and lands each payload with ``recv_into`` straight in the buffer of a
+posted receive, or in a buffer of its own when none is posted yet (the unexpected
+queue). Frames between one pair never overtake each other, because each direction is
+one TCP stream and sends to a peer are serialised by that peer's send lock/queue.
+
+A peer whose connection drops without a goodbye frame breaks the channel: every
+pending and later call raises :class:`~procgroup.errors.PeerError` naming that rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+
+from procgroup._netif import choose_address
+from procgroup.channel import ChannelContext, CompletedWork, DataChannel, FutureWork, Work
+from procgroup.errors import (
+    ChannelClosedError,
+    CommTimeoutError,
+    InvalidArrayError,
+    PeerError,
+)
+from procgroup.ops import ReduceOp
+
+from ._conn import Peer, connect_mesh
+
+log = logging.getLogger(__name__)
+
+#: isend of at most this many bytes is written inline (the kernel buffer absorbs it).
+INLINE_SEND_BYTES = 256 * 1024
+
+
+def byte_view(array: Any) -> memoryview:
+    """A flat writable-or-not byte view of a C-contiguous NumPy array, no copy."""
+    arr = np.asarray(array)
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+class _PostedRecv:
+    """A receive waiting for a matching frame; filled by a peer's reader thread."""
+
+    __slots__ = ("view", "src", "tag", "dtype", "done", "sender", "error", "matched")
+
+    def __init__(self, view: memoryview, src: int | None, tag: int, dtype: np.dtype) -> None:
+        self.view = view
+        self.src = src
+        self.tag = tag
+        self.dtype = dtype
+        self.done = threading.Event()
+        self.sender = -1
+        self.error: BaseException | None = None
+        self.matched = False
+
+    def finish(self, sender: int, error: BaseException | None = None) -> None:
+        self.sender = sender
+        self.error = error
+        self.done.set()
+
+
+class _Unexpected:
+    """A frame that arrived before its receive was posted; its payload is kept here."""
+
+    __slots__ = ("src", "tag", "data", "dtype_char", "done", "error")
+
+    def __init__(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> None:
+        self.src = src
+        self.tag = tag
+        self.data = bytearray(nbytes)
+        self.dtype_char = dtype_char
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class _RecvWork(Work):
+    op = "irecv"
+
+    def __init__(self, channel: "TcpChannel", req: _PostedRecv) -> None:
+        self._channel = channel
+        self._req = req
+
+    def is_completed(self) -> bool:
+        return self._req.done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._channel._wait_posted(self._req, timeout)
+        return True
+
+    def exception(self) -> BaseException | None:
+        return self._req.error if self._req.done.is_set() else None
+
+    def result(self) -> Any:
+        return self._req.sender if self._req.done.is_set() and self._req.error is None else None
+
+
+class TcpChannel(DataChannel):
+    """The tcp backend's communicator; see the module docstring for the protocol."""
+
+    backend_name = "tcp"
+
+    def __init__(self, ctx: ChannelContext) -> None:
+        super().__init__(ctx)
+        self._lock = threading.Lock()
+        self._posted: list[_PostedRecv] = []
+        self._unexpected: list[_Unexpected] = []
+        self._broken: BaseException | None = None
+        self._peers: dict[int, Peer] = {}
+        if ctx.size > 1:
+            address = choose_address(ctx.master_addr, ctx.options.get("ifname"))
+            sockets = connect_mesh(ctx, address)
+            for rank, sock in sockets.items():
+                peer = Peer(rank, ctx.global_rank(rank), sock, ctx.timeout, self)
+                self._peers[rank] = peer
+            for peer in self._peers.values():
+                peer.start_reader()
+
+    # ---------------------------------------------------------------- helpers
+    def _peer(self, rank: int) -> Peer:
+        self._raise_if_unusable()
+        peer = self._peers.get(rank)
+        if peer is None:
+            raise PeerError(f"rank {self.ctx.global_rank(rank)} is not a peer of this channel", rank=rank)
+        if peer.left:
+            raise PeerError(f"rank {peer.global_rank} has left the group (destroy_process_group)", rank=peer.global_rank)
+        return peer
+
+    def _raise_if_unusable(self) -> None:
+        if self._closed:
+            raise ChannelClosedError("the tcp channel is closed (destroy_process_group was called)")
+        if self._broken is not None:
+            raise self._broken
+
+    # ---------------------------------------------------------------- called by readers
+    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> _PostedRecv | _Unexpected:
+        """Find the posted receive a frame belongs to, or queue it as unexpected."""
+        with self._lock:
+            for i, req in enumerate(self._posted):
+                if req.tag == tag and (req.src is None or req.src == src):
+                    del self._posted[i]
+                    req.matched = True
+                    return req
+            ux = _Unexpected(src, tag, nbytes, dtype_char)
+            self._unexpected.append(ux)
+            return ux
+
+    def peer_left(self, peer: Peer) -> None:
+        """A goodbye frame: fail receives that wait on that peer alone."""
+        exc = PeerError(f"rank {peer.global_rank} has left the group (destroy_process_group)", rank=peer.global_rank)
+        with self._lock:
+            waiting = [r for r in self._posted if r.src == peer.rank]
+            self._posted = [r for r in self._posted if r.src != peer.rank]
+        for req in waiting:
+            req.finish(peer.rank, exc)
+
+    def peer_failed(self, peer: Peer, exc: PeerError) -> None:
+        """A connection dropped without goodbye: break the channel for every caller."""
+        with self._lock:
+            if self._closed or self._broken is not None:
+                return
+            self._broken = exc
+            posted, self._posted = self._posted, []
+            pending = [u for u in self._unexpected if not u.done.is_set()]
+        log.error("procgroup tcp: %s", exc)
+        for req in posted:
+            req.finish(peer.rank, exc)
+        for ux in pending:
+            ux.error = exc
+            ux.done.set()
+        for other in self._peers.values():
+            other.fail_pending_sends(exc)
+
+    # ---------------------------------------------------------------- point to point
+    def send(self, array: Any, dst: int, tag: int = 0) -> None:
+        peer = self._peer(dst)
+        peer.send(byte_view(array), tag, np.asarray(array).dtype.char.encode())
+
+    def isend(self, array: Any, dst: int, tag: int = 0) -> Work:
+        peer = self._peer(dst)
+        view = byte_view(array)
+        dtype_char = np.asarray(array).dtype.char.encode()
+        if view.nbytes <= INLINE_SEND_BYTES and not peer.has_queued_sends:
+            peer.send(view, tag, dtype_char)
+            return CompletedWork("isend")
+        return FutureWork("isend", peer.send_async(view, tag, dtype_char))
+
+    def recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
+        work = self.irecv(array, src, tag)
+        work.wait()
+        return int(work.result())
+
+    def irecv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
+        if src is not None:
+            self._peer(src)
+        else:
+            self._raise_if_unusable()
+        arr = np.asarray(array)
+        view = byte_view(arr)
+        req = _PostedRecv(view, src, tag, arr.dtype)
+        with self._lock:
+            for i, ux in enumerate(self._unexpected):
+                if ux.tag == tag and (src is None or ux.src == src):
+                    del self._unexpected[i]
+                    break
+            else:
+                ux = None
+                self._posted.append(req)
+        if ux is None:
+            return _RecvWork(self, req)
+        self._deliver_unexpected(ux, req)
+        return CompletedWork("irecv", ux.src)
+
+    def _deliver_unexpected(self, ux: _Unexpected, req: _PostedRecv) -> None:
+        if not ux.done.wait(self.timeout):
+            raise CommTimeoutError(
+                f"message from rank {self.ctx.global_rank(ux.src)} did not finish arriving within {self.timeout}s",
+                op="recv", ranks=[self.ctx.global_rank(ux.src)],
+            )
+        if ux.error is not None:
+            raise ux.error
+        check_size(len(ux.data), ux.dtype_char, req, self.ctx.global_rank(ux.src))
+        req.view[:] = ux.data
+
+    def _wait_posted(self, req: _PostedRecv, timeout: float | None) -> None:
+        limit = self.timeout if timeout is None else timeout
+        if not req.done.wait(limit):
+            with self._lock:
+                cancelled = req in self._posted and not req.matched
+                if cancelled:
+                    self._posted.remove(req)
+            if cancelled:
+                who = "any rank" if req.src is None else f"rank {self.ctx.global_rank(req.src)}"
+                ranks = [] if req.src is None else [self.ctx.global_rank(req.src)]
+                raise CommTimeoutError(
+                    f"recv from {who} (tag {req.tag}) timed out after {limit}s", op="recv", ranks=ranks
+                )
+            # the payload is already streaming into the buffer; the reader bounds it
+            req.done.wait()
+        if req.error is not None:
+            raise req.error
+
+    # ---------------------------------------------------------------- collectives
+    def all_reduce(self, array: Any, op: ReduceOp) -> None:
+        from . import _collectives
+
+        _collectives.all_reduce(self, array, op, self.next_collective_tag())
+
+    # ---------------------------------------------------------------- teardown
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for peer in self._peers.values():
+            peer.close()
+        exc = ChannelClosedError("the tcp channel was closed while this call was pending")
+        with self._lock:
+            posted, self._posted = self._posted, []
+        for req in posted:
+            req.finish(-1, exc)
+        self.shutdown_threads()
+
+
+def check_size(nbytes: int, dtype_char: bytes, req: _PostedRecv, sender: int) -> None:
+    """Refuse a frame whose size differs from the receive buffer, naming both sides."""
+    if nbytes != req.view.nbytes:
+        try:
+            sent = np.dtype(dtype_char.decode())
+        except (TypeError, ValueError, UnicodeDecodeError):
+            sent = dtype_char
+        raise InvalidArrayError(
+            f"message from rank {sender} has {nbytes} bytes (dtype {sent}) but the receive "
+            f"buffer has {req.view.nbytes} bytes (dtype {req.dtype}); sizes must match"
+        )
+
+
+__all__ = ["TcpChannel", "byte_view"]
+
