@@ -160,8 +160,11 @@ def run_job(n: Netns, tmp: Path, ifnames: list[str | None]) -> dict[int, dict[st
             if p.poll() is None:
                 p.kill()
                 p.communicate(timeout=30)
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    report = "".join(
+        f"--- host {i}: exit {p.returncode}\nstdout:\n{out}\nstderr:\n{err}\n"
+        for i, (p, (out, err)) in enumerate(zip(procs, outs))
+    )
+    assert all(p.returncode == 0 for p in procs), report
     results = {}
     for out, _ in outs:
         for line in out.splitlines():

@@ -46,7 +46,7 @@ class Pump:
         self._source = source
         self._dest = dest
         self._prefix = prefix
-        self._log = open(log_path, "ab") if log_path else None
+        self._log = open(log_path, "wb") if log_path else None
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"pump{prefix!r}")
         self._thread.start()
 

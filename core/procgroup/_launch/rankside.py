@@ -96,7 +96,7 @@ def install_error_handler() -> bool:
         first = str(exc).splitlines()[0] if str(exc) else ""
         sys.stderr.write(
             f"{exc_type.__qualname__}: {first} "
-            f"(uncaught; the launcher prints the traceback in its failure summary)\n"
+            f"(uncaught; traceback in the launcher's failure summary)\n"
         )
         sys.stderr.flush()
 

@@ -60,6 +60,18 @@ def _reset_cache() -> None:
     _CPU_GROUP = None
 
 
+def _drop_if_stale() -> None:
+    """Forget cached groups whose channel is closed (a destroy, maybe a new init, since).
+
+    A backstop for re-initialization in one process; ``destroy_process_group`` resetting
+    the cache through :func:`_reset_cache` is the primary path.
+    """
+    for cached in (_LOCAL_PROCESS_GROUP, _CPU_GROUP):
+        if cached is not None and getattr(cached, "channel", True) is None:
+            _reset_cache()
+            return
+
+
 def _initialized() -> bool:
     return bool(pg.is_initialized())
 
@@ -92,6 +104,7 @@ def create_local_process_group(num_workers_per_machine: int) -> None:
         )
     if not _initialized():
         raise NotInitializedError("create_local_process_group needs init_process_group first")
+    _drop_if_stale()
     world_size = get_world_size()
     n = num_workers_per_machine
     if n < 1 or world_size % n != 0:
@@ -122,6 +135,7 @@ def maybe_create_local_group_from_env() -> None:
     values equal on every rank of a consistent launch (LOCAL_WORLD_SIZE, the world size), so
     either all ranks create the groups or none does.
     """
+    _drop_if_stale()
     value = os.environ.get("LOCAL_WORLD_SIZE")
     if not value or not _initialized():
         return
@@ -151,6 +165,7 @@ def maybe_create_local_group_from_env() -> None:
 
 def get_local_process_group() -> Any:
     """The group of this machine's ranks (see :func:`create_local_process_group`)."""
+    _drop_if_stale()
     if _LOCAL_PROCESS_GROUP is None:
         raise NotInitializedError(_MISSING_LOCAL_PG_ERROR)
     return _LOCAL_PROCESS_GROUP
@@ -188,6 +203,7 @@ def _cpu_group() -> Any:
     Collective on nccl the first time: every rank reaches it from the same collective call.
     """
     global _CPU_GROUP
+    _drop_if_stale()
     if not _is_nccl():
         return None
     if _CPU_GROUP is None:
