@@ -72,8 +72,10 @@ class TCPStore(Store):
         self.host = host
         self.world_size = world_size
         self.is_master = is_master
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()  # guards the pool below, never held during I/O
+        self._idle: list[socket.socket] = []  # connections free for the next request
+        self._all: set[socket.socket] = set()  # every open connection (close() ends all)
+        self._lost: str | None = None  # why the server is considered gone
         self._server: StoreServer | None = None
         if is_master:
             self._server = StoreServer(port)
@@ -83,8 +85,11 @@ class TCPStore(Store):
         else:
             connect_host = host
         self.port: int = port
+        self._connect_host = connect_host
         try:
-            self._sock = self._connect(connect_host, port, self.timeout)
+            sock = self._connect(connect_host, port, self.timeout)
+            self._all.add(sock)
+            self._idle.append(sock)
             self._closed = False
             self._request(Op.HELLO, [])
             if is_master and world_size is not None and wait_for_workers:
@@ -122,34 +127,53 @@ class TCPStore(Store):
             logger.debug("TCPStore client connected to %s:%d", host, port)
             return sock
 
+    def _checkout(self) -> socket.socket:
+        """An idle connection, or a new one: a thread blocked in get() keeps its own."""
+        with self._lock:
+            self._check_open(self._closed)
+            if self._lost is not None:
+                raise StoreError(self._lost)
+            if self._idle:
+                return self._idle.pop()
+        try:  # the server is known to be up: one attempt, no retry loop
+            sock = socket.create_connection((self._connect_host, self.port), timeout=REPLY_GRACE)
+        except OSError as exc:
+            raise StoreError(
+                f"TCPStore: cannot open another connection to {self.host}:{self.port}: {exc}"
+            ) from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            if self._closed:
+                sock.close()
+                self._check_open(True)
+            self._all.add(sock)
+        return sock
+
     def _request(
         self, op: Op, fields: list[bytes], wait: float | None = None
     ) -> tuple[int, list[bytes]]:
         """Send one request and read its reply; ``wait``: the server-side deadline."""
+        sock = self._checkout()
+        try:
+            sock.settimeout(wait + REPLY_GRACE if wait is not None else REPLY_GRACE * 6)
+            sock.sendall(_wire.encode(op, fields))
+            code, reply = _wire.recv_message(sock)
+        except socket.timeout:
+            self._lose(sock, f"TCPStore: server {self.host}:{self.port} did not answer "
+                             f"{op.name} in time; connection dropped")
+            raise StoreError(self._lost) from None
+        except OSError as exc:  # ConnectionError, reset, EOF, closed by close()
+            if self._closed:
+                self._lose(sock, None)
+                raise StoreError(f"TCPStore: closed during {op.name}") from None
+            self._lose(sock, f"TCPStore: lost the connection to the server "
+                             f"{self.host}:{self.port} during {op.name}: {exc}")
+            raise StoreError(self._lost) from exc
         with self._lock:
-            self._check_open(self._closed)
-            sock = self._sock
-            if sock is None:
-                raise StoreError(
-                    f"TCPStore: connection to {self.host}:{self.port} was lost earlier"
-                )
-            limit = None if wait is None else wait + REPLY_GRACE
-            try:
-                sock.settimeout(limit if wait is not None else REPLY_GRACE * 6)
-                sock.sendall(_wire.encode(op, fields))
-                code, reply = _wire.recv_message(sock)
-            except socket.timeout:
-                self._lose()
-                raise StoreError(
-                    f"TCPStore: server {self.host}:{self.port} did not answer {op.name} "
-                    "in time; connection dropped"
-                ) from None
-            except OSError as exc:  # ConnectionError, reset, EOF
-                self._lose()
-                raise StoreError(
-                    f"TCPStore: lost the connection to the server {self.host}:{self.port} "
-                    f"during {op.name}: {exc}"
-                ) from exc
+            if self._closed:
+                sock.close()
+            else:
+                self._idle.append(sock)
         if code == Status.ERROR:
             msg = reply[0].decode(errors="replace") if reply else "unknown error"
             if msg.startswith("Store.add"):
@@ -157,12 +181,12 @@ class TCPStore(Store):
             raise StoreError(f"TCPStore server: {msg}")
         return code, reply
 
-    def _lose(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            finally:
-                self._sock = None
+    def _lose(self, sock: socket.socket, why: str | None) -> None:
+        with self._lock:
+            self._all.discard(sock)
+            if why is not None and self._lost is None:
+                self._lost = why
+        sock.close()
 
     def _wait_workers(self, n: int, timeout: float) -> None:
         code, reply = self._request(
@@ -241,11 +265,13 @@ class TCPStore(Store):
             pass
 
     def _close(self, grace: float) -> None:
-        if getattr(self, "_lock", None) is None:
+        lock = getattr(self, "_lock", None)
+        if lock is None:
             return
-        self._closed = True
-        sock, self._sock = self._sock, None
-        if sock is not None:
+        with lock:
+            self._closed = True
+            socks, self._all, self._idle = list(self._all), set(), []
+        for sock in socks:  # wakes threads blocked in get()/wait(): they raise StoreError
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
