@@ -433,3 +433,31 @@ def test_real_tcp_job(tmp_path: Path) -> None:
         assert r["sum"] == [6.0] * 4
         assert r["local_size"] == 3
         assert r["local_rank"] == r["rank"]
+
+
+def test_real_tcp_job_failure_names_the_root_cause(tmp_path: Path) -> None:
+    """Rank 1 raises inside a live tcp job; the others then fail with PeerError. The
+    summary must blame rank 1 and print its traceback once."""
+    script = write(tmp_path / "job.py", """
+        import os
+        import numpy as np
+        import procgroup as pg
+        pg.init_process_group(timeout=60)
+        rank = pg.get_rank()
+        pg.barrier()
+        if rank == 1:
+            raise RuntimeError("rank one gives up")
+        a = np.ones(8)
+        pg.all_reduce(a)  # never completes: rank 1 is gone
+        print("UNREACHABLE", flush=True)
+    """)
+    res = launch("-n", "3", "--backend", "tcp", "--timeout", "100", "--grace-period", "2",
+                 str(script))
+    assert res.returncode == 1, res.stderr
+    assert "UNREACHABLE" not in res.stdout
+    err = res.stderr
+    assert re.search(r"root cause: rank 1 \(node 0, local rank 1, pid \d+\) exited with code 1", err), err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert err.count('raise RuntimeError("rank one gives up")') == 1, err
+    assert "[rank1]: RuntimeError: rank one gives up" in err.splitlines()
+    assert "job timed out" not in err

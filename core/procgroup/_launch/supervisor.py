@@ -58,7 +58,7 @@ class _Rank:
     pumps: list[Pump] = field(default_factory=list)
     returncode: int | None = None
     stopped: bool = False  # the launcher signalled it
-    detected: float = 0.0  # monotonic time the launcher saw it exit
+    detected: float = 0.0  # wall-clock time the launcher saw it exit
 
     def label(self) -> str:
         return f"rank {self.rank} (node {self.node_rank}, local rank {self.local_rank}, pid {self.proc.pid})"
@@ -171,7 +171,7 @@ class Supervisor:
 
     def _poll(self) -> list[_Rank]:
         """Reap ranks that exited since the last poll; return them."""
-        now = time.monotonic()
+        now = time.time()  # wall clock: compared with the error files' timestamps
         done = []
         for r in self._ranks:
             if r.returncode is None:
@@ -237,10 +237,11 @@ class Supervisor:
         if not failed:
             failed = [r for r in self._ranks if r.returncode not in (None, 0)]
 
-        def key(r: _Rank) -> tuple[float, float, int]:
+        def key(r: _Rank) -> tuple[float, int]:
+            # earliest evidence of failure: when it recorded its exception, else when seen dead
             rec = rankside.read_error_file(r.error_file)
             t = rec.get("time") if rec else None
-            return (r.detected, float(t) if isinstance(t, (int, float)) else float("inf"), r.rank)
+            return (min(r.detected, float(t)) if isinstance(t, (int, float)) else r.detected, r.rank)
 
         return min(failed, key=key)
 
