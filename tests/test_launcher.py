@@ -47,11 +47,13 @@ def write(path: Path, source: str) -> Path:
 
 
 def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (an orphan's zombie may linger)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
-    return True
+    return state not in ("Z", "X")
 
 
 def wait_for_files(paths: list[Path], proc: subprocess.Popen[str], limit: float = 60) -> None:
@@ -461,3 +463,22 @@ def test_real_tcp_job_failure_names_the_root_cause(tmp_path: Path) -> None:
     assert err.count('raise RuntimeError("rank one gives up")') == 1, err
     assert "[rank1]: RuntimeError: rank one gives up" in err.splitlines()
     assert "job timed out" not in err
+
+
+def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    """SIGKILL cannot be forwarded; the ranks still go (PR_SET_PDEATHSIG in the bootstrap)."""
+    script = write(tmp_path / "rank.py", WAITING_RANK)
+    proc = subprocess.Popen(launcher_cmd("-n", "2", str(script), str(tmp_path)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_files([tmp_path / "pid0", tmp_path / "pid1"], proc)  # type: ignore[arg-type]
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ranks = pids(tmp_path, 2)
+    deadline = time.monotonic() + 60  # a bound on waiting, not a timing assertion
+    while any(pid_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in ranks)

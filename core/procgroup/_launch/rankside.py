@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
@@ -28,6 +29,8 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 ERROR_FILE_ENV = "PROCGROUP_ERROR_FILE"
+LAUNCHER_PID_ENV = "PROCGROUP_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
 _MARKER = "_procgroup_error_handler"
 _OWN_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
 
@@ -105,6 +108,30 @@ def install_error_handler() -> bool:
     return True
 
 
+def die_with_launcher() -> None:
+    """Ask Linux to SIGKILL this rank when the launcher dies (even by SIGKILL).
+
+    Why here and not in a ``preexec_fn``: the launcher has output threads running while it
+    starts ranks, and ``preexec_fn`` is unsafe with threads. Setting it after exec leaves a
+    window in which the launcher may already be gone, hence the parent-pid check after it.
+    """
+    expected = os.environ.get(LAUNCHER_PID_ENV)
+    if not expected or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            logger.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+            return
+    except (OSError, AttributeError) as err:
+        logger.debug("no prctl here: %s", err)
+        return
+    if str(os.getppid()) != expected:  # the launcher died before prctl took effect
+        os._exit(128 + int(signal.SIGKILL))
+
+
 def _usage() -> None:
     sys.stderr.write("usage: rankside.py (SCRIPT | -m MODULE) [ARGS...]\n")
     raise SystemExit(2)
@@ -115,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         _usage()
+    die_with_launcher()
     install_error_handler()
     if args[0] == "-m":
         if len(args) < 2:

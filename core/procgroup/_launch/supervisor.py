@@ -117,6 +117,7 @@ class Supervisor:
             MASTER_PORT=str(port),
             PROCGROUP_RESTART_COUNT=str(restart),
             PROCGROUP_ERROR_FILE=error_file,
+            PROCGROUP_LAUNCHER_PID=str(os.getpid()),
             PYTHONUNBUFFERED="1",
         )
         if o.backend is not None:
