@@ -233,14 +233,20 @@ class _Prepared:
         return tuple(self.native.shape)
 
 
+def _devices(g: Group) -> tuple[str, ...]:
+    """What the group's channel takes directly: its own answer (e.g. CUDA-aware MPI), else the spec's."""
+    return getattr(g.channel, "devices", None) or g.spec.devices
+
+
 def _prepare(g: Group, array: Any, name: str, op: str, *, writable: bool) -> _Prepared:
     device = arrays.device_of(array)
+    devices = _devices(g)
     if device == arrays.CUDA:
-        if arrays.CUDA in g.spec.devices:
+        if arrays.CUDA in devices:
             arrays.cuda_info(array, name=name)  # rejects non-contiguous arrays early
             return _Prepared(array, array, staged=False)
         return _Prepared(arrays.stage_to_host(array, name=name, writable=writable), array, staged=True)
-    if arrays.CPU not in g.spec.devices:
+    if arrays.CPU not in devices:
         raise UnsupportedOperationError(
             f"{op}: backend {g.backend!r} moves CUDA arrays only, but {name} is in host memory; "
             f"move it to the GPU (cupy.asarray(...)) or use a CPU group: new_group(backend='tcp')"
@@ -548,7 +554,7 @@ def host_group(g: Group) -> Group:
     this side group. Created lazily by the first object collective, which every member
     calls, so the creation is collective too.
     """
-    if arrays.CPU in g.spec.devices:
+    if arrays.CPU in _devices(g):
         return g
     if g.host_group is None:
         st = _world()

@@ -202,6 +202,18 @@ class DataChannel(abc.ABC):
 
     #: The backend's name, set by the registry from the plugin's spec.
     backend_name: str = ""
+    #: Devices this instance takes directly, when it knows better than its BackendSpec
+    #: (e.g. a CUDA-aware MPI adds "cuda"); None means the spec's ``devices``.
+    devices: tuple[str, ...] | None = None
+
+    @classmethod
+    def discover_world(cls) -> tuple[int, int] | None:
+        """(rank, size) when the backend finds its peers itself (mpi under mpiexec).
+
+        Called only when init_process_group got no init_method; None means "use the
+        init method" (env:// by default).
+        """
+        return None
 
     def __init__(self, ctx: ChannelContext) -> None:
         self.ctx = ctx
