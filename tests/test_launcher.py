@@ -9,7 +9,6 @@ launcher can only return in time if it stopped them.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -37,7 +36,7 @@ def launcher_cmd(*args: str) -> list[str]:
 
 def launch(*args: str, cwd: Path | None = None, timeout: float = SAFETY) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        launcher_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=cwd
+        launcher_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False
     )
 
 
@@ -242,7 +241,7 @@ def test_console_script(tmp_path: Path) -> None:
         pytest.skip(f"console script not installed next to {sys.executable}")
     script = write(tmp_path / "one.py", "import os; print('size', os.environ['WORLD_SIZE'])\n")
     res = subprocess.run([str(exe), "-n", "2", str(script)], capture_output=True, text=True,
-                         timeout=SAFETY)
+                         timeout=SAFETY, check=False)
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.splitlines()) == ["[rank0]: size 2", "[rank1]: size 2"]
 
@@ -344,7 +343,7 @@ def test_signal_to_launcher_stops_every_rank(tmp_path: Path, sig: signal.Signals
     try:
         wait_for_files([tmp_path / "pid0", tmp_path / "pid1"], proc)
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=SAFETY)
+        _out, err = proc.communicate(timeout=SAFETY)
     finally:
         if proc.poll() is None:
             proc.kill()

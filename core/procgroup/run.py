@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from procgroup._launch.options import LaunchOptions
 from procgroup._launch.supervisor import Supervisor
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
 
-__all__ = ["main", "parse_args", "build_parser"]
+__all__ = ["build_parser", "main", "parse_args"]
 
 
 def build_parser() -> argparse.ArgumentParser:

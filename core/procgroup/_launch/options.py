@@ -39,7 +39,7 @@ class LaunchOptions:
         """Ranks are numbered node by node: node k holds ranks k*n .. k*n+n-1."""
         return self.node_rank * self.nproc_per_node + local_rank
 
-    def validate(self) -> "LaunchOptions":
+    def validate(self) -> LaunchOptions:
         """Raise InvalidArgumentError naming the first bad option; return self."""
         if self.nproc_per_node < 1:
             raise InvalidArgumentError(

@@ -46,7 +46,8 @@ class Pump:
         self._source = source
         self._dest = dest
         self._prefix = prefix
-        self._log = open(log_path, "wb") if log_path else None
+        # closed by the pump thread when the rank's output ends
+        self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"pump{prefix!r}")
         self._thread.start()
 

@@ -35,9 +35,3 @@ class PortReservation:
     def close(self) -> None:
         """Release the port (at the end of the job)."""
         self._sock.close()
-
-    def __enter__(self) -> "PortReservation":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

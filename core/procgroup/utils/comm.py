@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 import procgroup as pg
-from procgroup.errors import InvalidArgumentError, InvalidArrayError, NotInitializedError
+from procgroup.errors import (
+    InvalidArgumentError,
+    InvalidArrayError,
+    NotInitializedError,
+)
 
 logger = logging.getLogger(__name__)
 
