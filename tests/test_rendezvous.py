@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from procgroup.errors import InvalidArgumentError, RendezvousError, StoreTimeoutError
+from procgroup.errors import InvalidArgumentError
 from procgroup.rendezvous import (
     HashStore,
     RendezvousResult,
@@ -407,7 +407,7 @@ def test_multicast(netns: tuple[list[str], bool]) -> None:
         for _, u, kw in jobs
     ]
     results: dict[str, list[Any]] = {}
-    for (job, _, _), p in zip(jobs, procs):
+    for (job, _, _), p in zip(jobs, procs, strict=True):
         out, err = p.communicate(timeout=SAFE * 2)
         assert p.returncode == 0, err
         results.setdefault(job, []).append(json.loads(out.strip().splitlines()[-1]))

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 import urllib.parse
-from typing import Callable
+from typing import Callable, cast
 
 from procgroup.errors import InvalidArgumentError
 
@@ -330,7 +330,7 @@ def _plugin_methods() -> dict[str, Handler]:
         found = plugins.extra_init_methods()
     except (ImportError, AttributeError):
         return {}
-    return {str(k).lower(): v for k, v in dict(found).items()}
+    return {str(k).lower(): cast(Handler, v) for k, v in dict(found).items()}
 
 
 def _handler_for(scheme: str) -> Handler:

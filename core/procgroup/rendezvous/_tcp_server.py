@@ -224,27 +224,30 @@ class StoreServer:
                 self._waiters.append(w)
         elif op is Op.ADD:
             key = f[0].decode()
+            amount = int(f[1])  # a bad amount is a bad request (ValueError above)
             old = self._data.get(key)
             try:
-                value = (int(old.decode("ascii")) if old is not None else 0) + int(f[1])
+                start = int(old.decode("ascii")) if old is not None else 0
             except ValueError:
+                held = old[:40] if old is not None else b""
                 self._send(conn, Status.ERROR, [
-                    f"Store.add: key {key!r} holds {old[:40]!r}, which is not an integer "
+                    f"Store.add: key {key!r} holds {held!r}, which is not an integer "
                     "counter".encode()
                 ])
                 return
-            self._data[key] = str(value).encode("ascii")
-            self._send(conn, Status.OK, [self._data[key]])
+            new = str(start + amount).encode("ascii")
+            self._data[key] = new
+            self._send(conn, Status.OK, [new])
             self._changed()
         elif op is Op.CHECK:
             ok = all(k.decode() in self._data for k in f)
             self._send(conn, Status.OK, [b"1" if ok else b"0"])
         elif op is Op.COMPARE_SET:
             key = f[0].decode()
-            value, changed = compare_set_value(self._data.get(key), f[1], f[2])
+            stored, changed = compare_set_value(self._data.get(key), f[1], f[2])
             if changed:
-                self._data[key] = value
-            self._send(conn, Status.OK, [value])
+                self._data[key] = stored
+            self._send(conn, Status.OK, [stored])
             if changed:
                 self._changed()
         elif op is Op.DELETE:
