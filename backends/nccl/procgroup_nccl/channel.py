@@ -1,0 +1,591 @@
+"""NcclChannel: procgroup's DataChannel over NCCL communicators, through CuPy.
+
+One communicator per group and process, made lazily by the first op (on the GPU of
+that op's arrays) and cached; ``_clear_group_cache`` drops it. Every op runs on a
+procgroup stream per GPU that first waits (event) on the caller's stream, and hands its
+result back the same way, so the host is not blocked (torch's NCCL semantics); barrier
+and blocking-wait mode (``PROCGROUP_NCCL_BLOCKING_WAIT=1``) also wait on the host, with
+the group timeout. all_to_all, gather and scatter are grouped send/recv
+(ncclGroupStart/End). NCCL matches point-to-point messages by peer and order: tags are
+not used, and recv needs ``src``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from procgroup.channel import ChannelContext, DataChannel, Work
+from procgroup.errors import (
+    CommTimeoutError,
+    InvalidArgumentError,
+    InvalidArrayError,
+    PeerError,
+    ProcGroupError,
+    UnsupportedOperationError,
+)
+from procgroup.ops import ReduceOp
+
+from . import _comm
+from ._buffers import DeviceBuffer, adjacent, check_distinct_devices, device_buffer, same_device
+from ._streams import caller_stream
+from ._types import BYTE_TYPE, ReducePlan, reduce_plan, resolve
+from ._work import Inflight, NcclWork, Watchdog
+
+log = logging.getLogger(__name__)
+
+#: ncclResult_t values that mean "the call was wrong", not "the communicator is broken".
+_USAGE_ERRORS = {4, 5}  # ncclInvalidArgument, ncclInvalidUsage
+_CLOSE_WAIT = 30.0  # seconds close() lets in-flight ops finish before aborting
+
+Body = Callable[[Any, Any], Sequence[Any] | None]
+
+
+def blocking_wait(options: Any) -> bool:
+    """Blocking-wait mode: ctx.options["blocking_wait"], else $PROCGROUP_NCCL_BLOCKING_WAIT."""
+    value = options.get("blocking_wait") if options else None
+    if value is None:
+        value = os.environ.get("PROCGROUP_NCCL_BLOCKING_WAIT", "0")
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+class NcclChannel(DataChannel):
+    """A group's NCCL communicator(s), streams and watchdog."""
+
+    backend_name = "nccl"
+    devices = ("cuda",)
+
+    def __init__(self, ctx: ChannelContext) -> None:
+        super().__init__(ctx)
+        import cupy  # noqa: PLC0415
+        from cupy.cuda import nccl  # noqa: PLC0415
+
+        self._cupy = cupy
+        self._nccl = nccl
+        self._nccl_version = int(nccl.get_version())
+        self._lock = threading.RLock()
+        self._comm: Any = None
+        self._comm_device: int | None = None
+        self._multi: dict[tuple[int, ...], list[Any]] = {}
+        self._generation = 0
+        self._multi_seq = 0
+        self._streams: dict[int, Any] = {}
+        self._barrier_bufs: dict[int, Any] = {}
+        self._broken: BaseException | None = None
+        self._aborted = False
+        self._blocking = blocking_wait(ctx.options)
+        self._watchdog = Watchdog(f"procgroup-nccl-watchdog-g{ctx.group_id}", self._fail, self._async_error)
+
+    # ----------------------------------------------------------------- communicators
+    def _communicator(self, device: int) -> Any:
+        """The group's communicator, created on ``device`` by the first op (collective)."""
+        if self._comm is None:
+            key = f"comm/{self._generation}"
+            self._comm = _comm.create_communicator(
+                self.ctx.store, key, self.rank, self.size, device, self.timeout
+            )
+            self._comm_device = device
+        elif device != self._comm_device:
+            raise InvalidArrayError(
+                f"backend 'nccl': this group's communicator is on cuda:{self._comm_device} but the "
+                f"array is on cuda:{device}; use one GPU per process and group (or *_multigpu)"
+            )
+        return self._comm
+
+    def _multi_communicators(self, devices: tuple[int, ...]) -> list[Any]:
+        comms = self._multi.get(devices)
+        if comms is None:
+            key = f"multi/{self._generation}/{self._multi_seq}"
+            self._multi_seq += 1
+            comms = _comm.create_multi_communicators(
+                self.ctx.store, key, self.rank, self.size, devices, self.timeout
+            )
+            self._multi[devices] = comms
+        return comms
+
+    def _all_comms(self) -> list[Any]:
+        comms = [self._comm] if self._comm is not None else []
+        for group in list(self._multi.values()):
+            comms.extend(group)
+        return comms
+
+    def _stream(self, device: int) -> Any:
+        stream = self._streams.get(device)
+        if stream is None:
+            with self._cupy.cuda.Device(device):
+                stream = self._cupy.cuda.Stream(non_blocking=True)
+            self._streams[device] = stream
+        return stream
+
+    # ----------------------------------------------------------------- failure handling
+    def _fail(self, error: BaseException) -> None:
+        """Abort every communicator; pending and later ops fail with ``error``.
+
+        Called by the watchdog thread without the channel lock, so an op blocked inside
+        NCCL on another thread is released by the abort.
+        """
+        if self._broken is None:
+            self._broken = error
+        self._watchdog.fail_all(error)
+        if not self._aborted:
+            self._aborted = True
+            for comm in self._all_comms():
+                _comm.close_communicator(comm, abort=True)
+
+    def _async_error(self) -> BaseException | None:
+        for comm in self._all_comms():
+            try:
+                comm.check_async_error()
+            except self._nccl.NcclError as exc:
+                return PeerError(f"NCCL reported an asynchronous error ({exc}); the communicator was aborted")
+        return None
+
+    def _nccl_error(self, op: str, exc: BaseException) -> ProcGroupError:
+        status = getattr(exc, "status", None)
+        if status in _USAGE_ERRORS:
+            return InvalidArgumentError(f"{op}: NCCL rejected the call ({exc})")
+        err = PeerError(f"{op}: NCCL failed ({exc}); the communicator was aborted")
+        self._fail(err)
+        return err
+
+    def _check_usable(self, op: str) -> None:
+        self.check_open()
+        broken = self._broken
+        if broken is not None:
+            msg = (f"{op}: the nccl communicator was aborted after an earlier error ({broken}); "
+                   f"destroy this group and create a new one")
+            if isinstance(broken, CommTimeoutError):
+                raise CommTimeoutError(msg, op=op)
+            raise PeerError(msg)
+
+    # ----------------------------------------------------------------- launching
+    def _launch(self, op: str, device: int, body: Body, keep: tuple[Any, ...], result: Any = None) -> Inflight:
+        """Enqueue ``body(comm, stream)`` on the procgroup stream after the caller's work."""
+        cuda = self._cupy.cuda
+        with self._lock:
+            self._check_usable(op)
+            comm = self._communicator(device)
+            with cuda.Device(device):
+                stream = self._stream(device)
+                ready = cuda.Event(disable_timing=True)
+                ready.record(caller_stream())
+                stream.wait_event(ready)
+                try:
+                    extra = body(comm, stream) or ()
+                except self._nccl.NcclError as exc:
+                    raise self._nccl_error(op, exc) from exc
+                done = cuda.Event(disable_timing=True)
+                done.record(stream)
+            inflight = Inflight(op, [(device, done)], (*keep, *extra), time.monotonic() + self.timeout, result)
+            self._watchdog.track(inflight)
+            return inflight
+
+    def _launch_multi(self, op: str, buffers: Sequence[DeviceBuffer],
+                      inside: Callable[[int, Any, Any], None],
+                      before: Callable[[int, Any], Sequence[Any]] | None = None,
+                      after: Callable[[int, Any], None] | None = None) -> Inflight:
+        """One op over several GPUs of this process: a grouped NCCL call per device.
+
+        ``before``/``after`` run per device outside the NCCL group (allocations, copies):
+        NCCL enqueues grouped calls only at groupEnd, so stream work must not sit inside.
+        """
+        cuda = self._cupy.cuda
+        devices = check_distinct_devices(buffers, op)
+        with self._lock:
+            self._check_usable(op)
+            comms = self._multi_communicators(devices)
+            streams, keep = [], [b.owner for b in buffers]
+            for i, dev in enumerate(devices):
+                with cuda.Device(dev):
+                    stream = self._stream(dev)
+                    ready = cuda.Event(disable_timing=True)
+                    ready.record(caller_stream())
+                    stream.wait_event(ready)
+                    streams.append(stream)
+                    if before is not None:
+                        keep.extend(before(i, stream))
+            try:
+                self._nccl.groupStart()
+                try:
+                    for i, dev in enumerate(devices):
+                        with cuda.Device(dev):
+                            inside(i, comms[i], streams[i])
+                finally:
+                    self._nccl.groupEnd()
+            except self._nccl.NcclError as exc:
+                raise self._nccl_error(op, exc) from exc
+            events = []
+            for i, dev in enumerate(devices):
+                with cuda.Device(dev):
+                    if after is not None:
+                        after(i, streams[i])
+                    done = cuda.Event(disable_timing=True)
+                    done.record(streams[i])
+                    events.append((dev, done))
+            inflight = Inflight(op, events, tuple(keep), time.monotonic() + self.timeout)
+            self._watchdog.track(inflight)
+            return inflight
+
+    def complete(self, inflight: Inflight, *, host: bool = False) -> None:
+        """Finish a blocking call: the caller's stream waits; the host too when asked."""
+        inflight.hand_to_caller()
+        if host or self._blocking:
+            if not inflight.host_wait(max(0.0, inflight.deadline - time.monotonic())):
+                err = CommTimeoutError(
+                    f"nccl {inflight.op} did not finish within {self.timeout:g} s; the communicator "
+                    f"was aborted", op=inflight.op,
+                )
+                self._fail(err)
+                raise err
+        if inflight.error is not None:
+            raise inflight.error
+
+    def work(self, inflight: Inflight, *, host: bool = False) -> NcclWork:
+        """The Work handle of an op started with async_op=True."""
+        return NcclWork(inflight, host_sync=host, default_timeout=self.timeout if self._blocking else None)
+
+    # ----------------------------------------------------------------- helpers
+    def _plan(self, dtype: Any, op: ReduceOp, collective: str) -> ReducePlan:
+        return reduce_plan(dtype, op, collective=collective, nccl_version=self._nccl_version)
+
+    def _copy(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        if nbytes and dst != src:
+            rt = self._cupy.cuda.runtime
+            rt.memcpyAsync(dst, src, nbytes, rt.memcpyDeviceToDevice, stream.ptr)
+
+    def _scratch(self, nbytes: int, stream: Any) -> Any:
+        """Device bytes allocated in ``stream``'s order (CuPy's pool is stream-aware)."""
+        with stream:
+            return self._cupy.empty(max(nbytes, 1), dtype=self._cupy.uint8)
+
+    def _divide(self, buf: DeviceBuffer, count: int, stream: Any) -> None:
+        """AVG without ncclAvg (NCCL < 2.10): divide the SUM by the rank count."""
+        cp = self._cupy
+        mem = cp.cuda.UnownedMemory(buf.ptr, buf.nbytes, buf.owner, buf.device)
+        view = cp.ndarray((buf.size,), buf.dtype, cp.cuda.MemoryPointer(mem, 0))
+        with stream:
+            view /= count
+
+    def _group(self, calls: Callable[[], None]) -> None:
+        self._nccl.groupStart()
+        try:
+            calls()
+        finally:
+            self._nccl.groupEnd()
+
+    # ----------------------------------------------------------------- starters
+    def _start_broadcast(self, array: Any, src: int) -> Inflight:
+        buf = device_buffer(array)
+        byte = resolve(BYTE_TYPE)
+        return self._launch("broadcast", buf.device,
+                            lambda c, s: c.bcast(buf.ptr, buf.nbytes, byte, src, s.ptr), (buf.owner,))
+
+    def _start_all_reduce(self, array: Any, op: ReduceOp) -> Inflight:
+        buf = device_buffer(array)
+        plan = self._plan(buf.dtype, op, "all_reduce")
+        t, o = resolve(plan.nccl_type), resolve(plan.nccl_op)
+
+        def body(c: Any, s: Any) -> None:
+            c.allReduce(buf.ptr, buf.ptr, plan.count(buf.size), t, o, s.ptr)
+            if plan.divide:
+                self._divide(buf, self.size, s)
+
+        return self._launch("all_reduce", buf.device, body, (buf.owner,))
+
+    def _start_reduce(self, array: Any, dst: int, op: ReduceOp) -> Inflight:
+        buf = device_buffer(array)
+        plan = self._plan(buf.dtype, op, "reduce")
+        t, o = resolve(plan.nccl_type), resolve(plan.nccl_op)
+
+        def body(c: Any, s: Any) -> None:
+            c.reduce(buf.ptr, buf.ptr, plan.count(buf.size), t, o, dst, s.ptr)
+            if plan.divide and self.rank == dst:
+                self._divide(buf, self.size, s)
+
+        return self._launch("reduce", buf.device, body, (buf.owner,))
+
+    def _start_all_gather(self, output_list: Sequence[Any], array: Any) -> Inflight:
+        inp = device_buffer(array, "array")
+        outs = [device_buffer(a, f"output_list[{i}]") for i, a in enumerate(output_list)]
+        device = same_device([inp, *outs], "all_gather")
+        n, byte = inp.nbytes, resolve(BYTE_TYPE)
+
+        def body(c: Any, s: Any) -> Sequence[Any]:
+            if adjacent(outs):
+                c.allGather(inp.ptr, outs[0].ptr, n, byte, s.ptr)
+                return ()
+            tmp = self._scratch(n * self.size, s)
+            c.allGather(inp.ptr, tmp.data.ptr, n, byte, s.ptr)
+            for i, o in enumerate(outs):
+                self._copy(o.ptr, tmp.data.ptr + i * n, n, s)
+            return (tmp,)
+
+        return self._launch("all_gather", device, body, (inp.owner, *[o.owner for o in outs]))
+
+    def _start_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> Inflight:
+        out = device_buffer(output, "output")
+        ins = [device_buffer(a, f"input_list[{i}]") for i, a in enumerate(input_list)]
+        device = same_device([out, *ins], "reduce_scatter")
+        plan = self._plan(out.dtype, op, "reduce_scatter")
+        t, o = resolve(plan.nccl_type), resolve(plan.nccl_op)
+        n = out.nbytes
+
+        def body(c: Any, s: Any) -> Sequence[Any]:
+            extra: tuple[Any, ...] = ()
+            if adjacent(ins):
+                src = ins[0].ptr
+            else:
+                tmp = self._scratch(n * self.size, s)
+                for i, b in enumerate(ins):
+                    self._copy(tmp.data.ptr + i * n, b.ptr, n, s)
+                src, extra = tmp.data.ptr, (tmp,)
+            c.reduceScatter(src, out.ptr, plan.count(out.size), t, o, s.ptr)
+            if plan.divide:
+                self._divide(out, self.size, s)
+            return extra
+
+        return self._launch("reduce_scatter", device, body, (out.owner, *[b.owner for b in ins]))
+
+    def _start_gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> Inflight:
+        inp = device_buffer(array, "array")
+        outs = [device_buffer(a, f"gather_list[{i}]") for i, a in enumerate(gather_list or ())]
+        device = same_device([inp, *outs], "gather")
+        n, byte = inp.nbytes, resolve(BYTE_TYPE)
+
+        def body(c: Any, s: Any) -> None:
+            if self.rank == dst:
+                self._copy(outs[dst].ptr, inp.ptr, n, s)
+
+            def calls() -> None:
+                if self.rank == dst:
+                    for j, o in enumerate(outs):
+                        if j != dst:
+                            c.recv(o.ptr, n, byte, j, s.ptr)
+                else:
+                    c.send(inp.ptr, n, byte, dst, s.ptr)
+
+            self._group(calls)
+
+        return self._launch("gather", device, body, (inp.owner, *[o.owner for o in outs]))
+
+    def _start_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> Inflight:
+        out = device_buffer(array, "array")
+        ins = [device_buffer(a, f"scatter_list[{i}]") for i, a in enumerate(scatter_list or ())]
+        device = same_device([out, *ins], "scatter")
+        n, byte = out.nbytes, resolve(BYTE_TYPE)
+
+        def body(c: Any, s: Any) -> None:
+            if self.rank == src:
+                self._copy(out.ptr, ins[src].ptr, n, s)
+
+            def calls() -> None:
+                if self.rank == src:
+                    for j, b in enumerate(ins):
+                        if j != src:
+                            c.send(b.ptr, n, byte, j, s.ptr)
+                else:
+                    c.recv(out.ptr, n, byte, src, s.ptr)
+
+            self._group(calls)
+
+        return self._launch("scatter", device, body, (out.owner, *[b.owner for b in ins]))
+
+    def _start_all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> Inflight:
+        outs = [device_buffer(a, f"output_list[{i}]") for i, a in enumerate(output_list)]
+        ins = [device_buffer(a, f"input_list[{i}]") for i, a in enumerate(input_list)]
+        device = same_device([*outs, *ins], "all_to_all")
+        n, byte, me = ins[0].nbytes, resolve(BYTE_TYPE), self.rank
+
+        def body(c: Any, s: Any) -> None:
+            self._copy(outs[me].ptr, ins[me].ptr, n, s)
+
+            def calls() -> None:
+                for j in range(self.size):
+                    if j != me:
+                        c.send(ins[j].ptr, n, byte, j, s.ptr)
+                        c.recv(outs[j].ptr, n, byte, j, s.ptr)
+
+            self._group(calls)
+
+        return self._launch("all_to_all", device, body, (*[o.owner for o in outs], *[b.owner for b in ins]))
+
+    def _start_barrier(self) -> Inflight:
+        cuda = self._cupy.cuda
+        device = self._comm_device if self._comm_device is not None else int(cuda.Device().id)
+        buf = self._barrier_bufs.get(device)
+        if buf is None:
+            with cuda.Device(device):
+                buf = self._cupy.empty(1, dtype=self._cupy.float32)
+            self._barrier_bufs[device] = buf
+        t, o = resolve("FLOAT32"), resolve("SUM")
+        return self._launch("barrier", device, lambda c, s: c.allReduce(buf.data.ptr, buf.data.ptr, 1, t, o, s.ptr), ())
+
+    def _start_send(self, array: Any, dst: int) -> Inflight:
+        buf = device_buffer(array)
+        byte = resolve(BYTE_TYPE)
+        return self._launch("send", buf.device, lambda c, s: c.send(buf.ptr, buf.nbytes, byte, dst, s.ptr), (buf.owner,))
+
+    def _start_recv(self, array: Any, src: int | None) -> Inflight:
+        if src is None:
+            raise UnsupportedOperationError(
+                "recv: backend 'nccl' cannot receive from any source on cuda (NCCL matches "
+                "messages by peer); pass src=..."
+            )
+        buf = device_buffer(array)
+        byte = resolve(BYTE_TYPE)
+        return self._launch("recv", buf.device, lambda c, s: c.recv(buf.ptr, buf.nbytes, byte, src, s.ptr),
+                            (buf.owner,), result=src)
+
+    # ----------------------------------------------------------------- DataChannel API
+    def send(self, array: Any, dst: int, tag: int = 0) -> None:
+        """Enqueue the send; the caller's stream may reuse the buffer after it (tags unused)."""
+        self.complete(self._start_send(array, dst))
+
+    def recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
+        self.complete(self._start_recv(array, src))
+        return int(src)  # type: ignore[arg-type] - _start_recv refused None
+
+    def isend(self, array: Any, dst: int, tag: int = 0) -> Work:
+        return self.work(self._start_send(array, dst))
+
+    def irecv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
+        return self.work(self._start_recv(array, src))
+
+    def broadcast(self, array: Any, src: int) -> None:
+        self.complete(self._start_broadcast(array, src))
+
+    def all_reduce(self, array: Any, op: ReduceOp) -> None:
+        self.complete(self._start_all_reduce(array, op))
+
+    def reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
+        self.complete(self._start_reduce(array, dst, op))
+
+    def all_gather(self, output_list: Sequence[Any], array: Any) -> None:
+        self.complete(self._start_all_gather(output_list, array))
+
+    def gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
+        self.complete(self._start_gather(array, gather_list, dst))
+
+    def scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
+        self.complete(self._start_scatter(array, scatter_list, src))
+
+    def reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
+        self.complete(self._start_reduce_scatter(output, input_list, op))
+
+    def all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> None:
+        self.complete(self._start_all_to_all(output_list, input_list))
+
+    def barrier(self) -> None:
+        """Blocks the host (not only the stream) until every rank arrived."""
+        self.complete(self._start_barrier(), host=True)
+
+    def submit(self, op: str, *args: Any) -> Work:
+        starter = getattr(self, f"_start_{op}", None)
+        if starter is None:
+            return super().submit(op, *args)
+        return self.work(starter(*args), host=op == "barrier")
+
+    def run(self, op: str, *args: Any) -> None:
+        getattr(self, op)(*args)
+
+    def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
+        """A native communicator of its own (its unique id goes through ctx's Store)."""
+        return NcclChannel(ctx)
+
+    # ----------------------------------------------------------------- multi-GPU
+    def start_broadcast_multigpu(self, bufs: Sequence[DeviceBuffer], root: int) -> Inflight:
+        byte = resolve(BYTE_TYPE)
+        return self._launch_multi("broadcast_multigpu", bufs,
+                                  lambda i, c, s: c.bcast(bufs[i].ptr, bufs[i].nbytes, byte, root, s.ptr))
+
+    def start_all_reduce_multigpu(self, bufs: Sequence[DeviceBuffer], op: ReduceOp) -> Inflight:
+        plan = self._plan(bufs[0].dtype, op, "all_reduce_multigpu")
+        t, o, total = resolve(plan.nccl_type), resolve(plan.nccl_op), self.size * len(bufs)
+        return self._launch_multi(
+            "all_reduce_multigpu", bufs,
+            lambda i, c, s: c.allReduce(bufs[i].ptr, bufs[i].ptr, plan.count(bufs[i].size), t, o, s.ptr),
+            after=(lambda i, s: self._divide(bufs[i], total, s)) if plan.divide else None,
+        )
+
+    def start_reduce_multigpu(self, bufs: Sequence[DeviceBuffer], root: int, op: ReduceOp) -> Inflight:
+        plan = self._plan(bufs[0].dtype, op, "reduce_multigpu")
+        t, o, ndev = resolve(plan.nccl_type), resolve(plan.nccl_op), len(bufs)
+
+        def after(i: int, s: Any) -> None:
+            if plan.divide and self.rank * ndev + i == root:
+                self._divide(bufs[i], self.size * ndev, s)
+
+        return self._launch_multi(
+            "reduce_multigpu", bufs,
+            lambda i, c, s: c.reduce(bufs[i].ptr, bufs[i].ptr, plan.count(bufs[i].size), t, o, root, s.ptr),
+            after=after,
+        )
+
+    def start_all_gather_multigpu(self, out_lists: Sequence[Sequence[DeviceBuffer]],
+                                  bufs: Sequence[DeviceBuffer]) -> Inflight:
+        byte, n = resolve(BYTE_TYPE), bufs[0].nbytes
+        total = self.size * len(bufs)
+        targets: list[int] = [0] * len(bufs)
+        scratch: dict[int, Any] = {}
+
+        def before(i: int, s: Any) -> Sequence[Any]:
+            outs = out_lists[i]
+            if adjacent(outs):
+                targets[i] = outs[0].ptr
+                return [o.owner for o in outs]
+            scratch[i] = self._scratch(n * total, s)
+            targets[i] = scratch[i].data.ptr
+            return [scratch[i], *[o.owner for o in outs]]
+
+        def after(i: int, s: Any) -> None:
+            if i in scratch:
+                for k, o in enumerate(out_lists[i]):
+                    self._copy(o.ptr, targets[i] + k * n, n, s)
+
+        return self._launch_multi(
+            "all_gather_multigpu", bufs,
+            lambda i, c, s: c.allGather(bufs[i].ptr, targets[i], n, byte, s.ptr),
+            before=before, after=after,
+        )
+
+    # ----------------------------------------------------------------- teardown
+    def clear_cache(self) -> int:
+        """Drop this group's communicators (all ranks call it, in the same order)."""
+        with self._lock:
+            pending = self._watchdog.pending()
+            finished = all(p.host_wait(min(self.timeout, _CLOSE_WAIT)) for p in pending)
+            comms = self._all_comms()
+            for comm in comms:
+                if not self._aborted:
+                    _comm.close_communicator(comm, abort=not finished)
+            self._comm, self._comm_device, self._multi = None, None, {}
+            self._generation += 1
+            self._multi_seq = 0
+            if self._aborted:
+                self._aborted = False
+                self._broken = None
+            return len(comms)
+
+    def close(self) -> None:
+        """Destroy the communicators once in-flight ops finish, else abort them."""
+        if self._closed:
+            return
+        self._closed = True
+        pending = self._watchdog.pending()
+        finished = all(p.host_wait(min(self.timeout, _CLOSE_WAIT)) for p in pending)
+        self._watchdog.stop()
+        if not self._aborted:
+            self._aborted = True
+            for comm in self._all_comms():
+                _comm.close_communicator(comm, abort=not finished)
+        self._watchdog.fail_all(PeerError("the nccl channel was closed"))
+        self._comm, self._multi = None, {}
+        self._streams.clear()
+        self._barrier_bufs.clear()
+        self.shutdown_threads()
+
+
+__all__ = ["NcclChannel", "blocking_wait"]
