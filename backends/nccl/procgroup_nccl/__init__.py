@@ -11,7 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from ._streams import register_stream as _register_stream
-from .multigpu import all_gather_multigpu, all_reduce_multigpu, broadcast_multigpu, reduce_multigpu
+from .multigpu import (
+    all_gather_multigpu,
+    all_reduce_multigpu,
+    broadcast_multigpu,
+    reduce_multigpu,
+)
 
 
 def _clear_group_cache(group: Any = None) -> int:
@@ -21,7 +26,7 @@ def _clear_group_cache(group: Any = None) -> int:
     makes a new communicator (a new unique id). Returns how many were dropped; groups
     of other backends have none (0).
     """
-    from procgroup import _api  # noqa: PLC0415
+    from procgroup import _api
 
     g = _api._resolve(group)
     clear = getattr(g.channel, "clear_cache", None)

@@ -22,7 +22,7 @@ def unavailable_reason() -> str | None:
     this process; start GPU workers with ``spawn``, not ``fork``, after calling it.
     """
     try:
-        import cupy  # noqa: F401, PLC0415 - heavy import, only when asked
+        import cupy  # noqa: F401 - heavy import, only when asked
     except ImportError as exc:
         return f"cupy not installed ({exc}); install it with {INSTALL_HINT}"
     except Exception as exc:  # noqa: BLE001 - a broken CuPy install must not break listing
@@ -41,7 +41,7 @@ def unavailable_reason() -> str | None:
 
 def cuda_device_count() -> tuple[int, str]:
     """(number of CUDA devices, why it is 0 when the runtime says why)."""
-    from cupy.cuda import runtime  # noqa: PLC0415
+    from cupy.cuda import runtime
 
     try:
         return int(runtime.getDeviceCount()), ""
@@ -54,7 +54,7 @@ def nccl_library_reason() -> str | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # CuPy warns when libnccl is missing; we say it
-            from cupy.cuda import nccl  # noqa: PLC0415
+            from cupy.cuda import nccl
     except ImportError as exc:
         return f"CuPy has no NCCL support ({exc}); install it with {INSTALL_HINT}"
     if not getattr(nccl, "available", True):

@@ -6,8 +6,9 @@ Read through ``__cuda_array_interface__`` (CuPy, Numba, PyTorch, ...) by the cor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from procgroup import arrays
@@ -40,7 +41,7 @@ def device_buffer(array: Any, name: str = "array") -> DeviceBuffer:
 
 def _device_of(array: Any, ptr: int) -> int:
     """The GPU ordinal holding ``ptr`` (the current device for empty arrays)."""
-    import cupy  # noqa: PLC0415
+    import cupy
 
     dev = getattr(array, "device", None)
     if isinstance(array, cupy.ndarray) and dev is not None:

@@ -10,7 +10,8 @@ the keys, not a hang.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from procgroup.errors import InvalidArgumentError
 
@@ -32,7 +33,7 @@ def uid_for_cupy(raw: bytes, cupy_major: int) -> Any:
 
 
 def _cupy_major() -> int:
-    import cupy  # noqa: PLC0415
+    import cupy
 
     try:
         return int(cupy.__version__.split(".")[0])
@@ -43,7 +44,7 @@ def _cupy_major() -> int:
 def exchange_unique_id(store: Any, key: str, rank: int, timeout: float) -> bytes:
     """Rank 0 makes the id and sets ``key``; everyone returns it (waits ``timeout``)."""
     if rank == 0:
-        from cupy.cuda import nccl  # noqa: PLC0415
+        from cupy.cuda import nccl
 
         raw = uid_to_bytes(nccl.get_unique_id())
         store.set(key, raw)
@@ -61,8 +62,8 @@ def check_in(store: Any, key: str, rank: int, size: int, value: str, timeout: fl
 
 def create_communicator(store: Any, key: str, rank: int, size: int, device: int, timeout: float) -> Any:
     """One NcclCommunicator for this process's ``device``; collective over the group."""
-    import cupy  # noqa: PLC0415
-    from cupy.cuda import nccl  # noqa: PLC0415
+    import cupy
+    from cupy.cuda import nccl
 
     raw = exchange_unique_id(store, f"{key}/uid", rank, timeout)
     check_in(store, f"{key}/in", rank, size, str(device), timeout)
@@ -75,8 +76,8 @@ def create_communicator(store: Any, key: str, rank: int, size: int, device: int,
 def create_multi_communicators(store: Any, key: str, rank: int, size: int, devices: Sequence[int],
                                timeout: float) -> list[Any]:
     """One communicator per device, NCCL rank ``rank * len(devices) + i`` (group call)."""
-    import cupy  # noqa: PLC0415
-    from cupy.cuda import nccl  # noqa: PLC0415
+    import cupy
+    from cupy.cuda import nccl
 
     ndev = len(devices)
     raw = exchange_unique_id(store, f"{key}/uid", rank, timeout)
@@ -105,7 +106,7 @@ def close_communicator(comm: Any, *, abort: bool) -> None:
             comm.abort()
         else:
             comm.destroy()
-    except Exception:  # noqa: BLE001 - teardown must go on
+    except Exception:
         log.debug("closing an nccl communicator failed", exc_info=True)
 
 

@@ -31,7 +31,7 @@ def register_stream(stream: Any) -> Any:
 
 
 def _as_cupy_stream(stream: Any) -> Any:
-    import cupy  # noqa: PLC0415
+    import cupy
 
     external = getattr(cupy.cuda, "ExternalStream", None)
     if isinstance(stream, cupy.cuda.Stream) or (external is not None and isinstance(stream, external)):
@@ -57,7 +57,7 @@ def registered_stream() -> Any:
 
 def caller_stream() -> Any:
     """The stream the caller's work runs on, for the current device of this thread."""
-    import cupy  # noqa: PLC0415
+    import cupy
 
     stream = _registered
     return stream if stream is not None else cupy.cuda.get_current_stream()

@@ -115,7 +115,7 @@ def reduce_plan(dtype: Any, op: ReduceOp, *, collective: str = "all_reduce",
 
 def resolve(name: str) -> int:
     """The ``cupy.cuda.nccl`` constant for an NCCL type or op name (``"FLOAT32"``)."""
-    from cupy.cuda import nccl  # noqa: PLC0415 - only when an op runs
+    from cupy.cuda import nccl
 
     try:
         return int(getattr(nccl, f"NCCL_{name}"))

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from procgroup.channel import Work
 from procgroup.errors import CommTimeoutError
@@ -43,7 +44,7 @@ class Inflight:
         """True once every event fired (queried, never blocking) or the op failed."""
         if self._done or self.error is not None:
             return True
-        import cupy  # noqa: PLC0415
+        import cupy
 
         for device, event in self.events:
             with cupy.cuda.Device(device):
@@ -54,7 +55,7 @@ class Inflight:
 
     def hand_to_caller(self) -> None:
         """Make the caller's stream on each GPU wait for this op (no host blocking)."""
-        import cupy  # noqa: PLC0415
+        import cupy
 
         for device, event in self.events:
             with cupy.cuda.Device(device):
@@ -171,7 +172,7 @@ class Watchdog:
                 items = list(self._items)
             try:
                 self._sweep(items)
-            except Exception:  # noqa: BLE001 - the watchdog must outlive odd CUDA errors
+            except Exception:
                 log.exception("nccl watchdog sweep failed")
             time.sleep(_WATCH_INTERVAL)
 

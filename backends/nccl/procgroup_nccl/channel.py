@@ -16,7 +16,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from procgroup.channel import ChannelContext, DataChannel, Work
 from procgroup.errors import (
@@ -30,7 +31,13 @@ from procgroup.errors import (
 from procgroup.ops import ReduceOp
 
 from . import _comm
-from ._buffers import DeviceBuffer, adjacent, check_distinct_devices, device_buffer, same_device
+from ._buffers import (
+    DeviceBuffer,
+    adjacent,
+    check_distinct_devices,
+    device_buffer,
+    same_device,
+)
 from ._streams import caller_stream
 from ._types import BYTE_TYPE, ReducePlan, reduce_plan, resolve
 from ._work import Inflight, NcclWork, Watchdog
@@ -60,8 +67,8 @@ class NcclChannel(DataChannel):
 
     def __init__(self, ctx: ChannelContext) -> None:
         super().__init__(ctx)
-        import cupy  # noqa: PLC0415
-        from cupy.cuda import nccl  # noqa: PLC0415
+        import cupy
+        from cupy.cuda import nccl
 
         self._cupy = cupy
         self._nccl = nccl
@@ -232,14 +239,14 @@ class NcclChannel(DataChannel):
     def complete(self, inflight: Inflight, *, host: bool = False) -> None:
         """Finish a blocking call: the caller's stream waits; the host too when asked."""
         inflight.hand_to_caller()
-        if host or self._blocking:
-            if not inflight.host_wait(max(0.0, inflight.deadline - time.monotonic())):
-                err = CommTimeoutError(
-                    f"nccl {inflight.op} did not finish within {self.timeout:g} s; the communicator "
-                    f"was aborted", op=inflight.op,
-                )
-                self._fail(err)
-                raise err
+        waits = host or self._blocking
+        if waits and not inflight.host_wait(max(0.0, inflight.deadline - time.monotonic())):
+            err = CommTimeoutError(
+                f"nccl {inflight.op} did not finish within {self.timeout:g} s; the communicator "
+                f"was aborted", op=inflight.op,
+            )
+            self._fail(err)
+            raise err
         if inflight.error is not None:
             raise inflight.error
 
@@ -445,8 +452,9 @@ class NcclChannel(DataChannel):
         self.complete(self._start_send(array, dst))
 
     def recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
-        self.complete(self._start_recv(array, src))
-        return int(src)  # type: ignore[arg-type] - _start_recv refused None
+        inflight = self._start_recv(array, src)  # refuses src=None
+        self.complete(inflight)
+        return int(inflight.value)
 
     def isend(self, array: Any, dst: int, tag: int = 0) -> Work:
         return self.work(self._start_send(array, dst))

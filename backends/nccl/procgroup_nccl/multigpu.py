@@ -8,11 +8,16 @@ one thread feeds every GPU without deadlock. The group must use backend "nccl".
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from procgroup import arrays
 from procgroup.channel import Work
-from procgroup.errors import InvalidArgumentError, InvalidArrayError, UnsupportedOperationError
+from procgroup.errors import (
+    InvalidArgumentError,
+    InvalidArrayError,
+    UnsupportedOperationError,
+)
 from procgroup.ops import ReduceOp, check_op_dtype
 
 from ._buffers import DeviceBuffer, device_buffer
@@ -20,9 +25,9 @@ from ._buffers import DeviceBuffer, device_buffer
 
 def _channel(group: Any, op: str) -> tuple[Any, Any]:
     """(NcclChannel, Group) for ``group``; a clear error for any other backend."""
-    from procgroup import _api  # noqa: PLC0415 - the core's group resolution
+    from procgroup import _api
 
-    from .channel import NcclChannel  # noqa: PLC0415 - imports CuPy
+    from .channel import NcclChannel
 
     g = _api._member(group, op)
     if not isinstance(g.channel, NcclChannel):

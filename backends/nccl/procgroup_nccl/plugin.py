@@ -9,13 +9,13 @@ from procgroup.hookspecs import BackendSpec, hookimpl
 
 
 def _load() -> type:
-    from .channel import NcclChannel  # noqa: PLC0415 - imports CuPy
+    from .channel import NcclChannel
 
     return NcclChannel
 
 
 def _available() -> str | None:
-    from ._availability import unavailable_reason  # noqa: PLC0415
+    from ._availability import unavailable_reason
 
     return unavailable_reason()
 
