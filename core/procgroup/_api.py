@@ -7,6 +7,7 @@ then calls the group's DataChannel method directly.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -89,6 +90,8 @@ def init_process_group(
         channel = cls(ctx)
         world = Group(range(size), rank_, channel, spec, group_id=0)
         _state = _State(world=world, store=the_store, timeout=settings.timeout, master_addr=master_addr)
+        # a script that just ends still says goodbye, so its peers see "left", not "died"
+        atexit.register(destroy_process_group)
         log.info("rank %d of %d joined the %s process group", rank_, size, spec.name)
     _after_init_hooks()
 
@@ -128,14 +131,12 @@ def _check_rank(rank: int, size: int, where: str) -> None:
 
 
 def _after_init_hooks() -> None:
-    """Let procgroup-run's helpers act once the world exists (local groups, excepthook)."""
-    try:
-        from .utils import comm
-    except ImportError:
-        return
-    hook = getattr(comm, "maybe_create_local_group_from_env", None)
-    if hook is not None:
-        hook()
+    """Once the world exists: tracebacks to procgroup-run's error file, its local group."""
+    from ._launch.rankside import install_error_handler
+    from .utils import comm
+
+    install_error_handler()
+    comm.maybe_create_local_group_from_env()
 
 
 def destroy_process_group(group: Any = None) -> None:
@@ -150,6 +151,9 @@ def destroy_process_group(group: Any = None) -> None:
         for g in reversed(_state.groups):
             _close_group(g)
         _close_group(_state.world)
+        from .utils import comm
+
+        comm._reset_cache()
         close = getattr(_state.store, "close", None)
         if close is not None:
             try:
@@ -157,6 +161,7 @@ def destroy_process_group(group: Any = None) -> None:
             except Exception:  # noqa: BLE001 - teardown must finish
                 log.debug("store close failed", exc_info=True)
         _state = None
+        atexit.unregister(destroy_process_group)
 
 
 def _close_group(g: Group) -> None:

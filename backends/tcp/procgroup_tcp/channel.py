@@ -195,10 +195,10 @@ class TcpChannel(DataChannel):
         return int(work.result())
 
     def irecv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
-        if src is not None:
-            self._peer(src)
-        else:
-            self._raise_if_unusable()
+        self._raise_if_unusable()
+        peer = None if src is None else self._peers.get(src)
+        if src is not None and peer is None:
+            raise PeerError(f"rank {self.ctx.global_rank(src)} is not a peer of this channel", rank=src)
         arr = np.asarray(array)
         view = byte_view(arr)
         req = _PostedRecv(view, src, tag, arr.dtype)
@@ -209,6 +209,10 @@ class TcpChannel(DataChannel):
                     break
             else:
                 ux = None
+                # what a departed peer sent before its goodbye is still delivered above
+                if peer is not None and peer.left:
+                    raise PeerError(f"rank {peer.global_rank} has left the group (destroy_process_group)",
+                                    rank=peer.global_rank)
                 self._posted.append(req)
         if ux is None:
             return _RecvWork(self, req)

@@ -70,6 +70,15 @@ def run_rank(job: JobSpec, rank: int) -> Any:
             pg.destroy_process_group()
 
 
+def free_port() -> int:
+    """A port that was free a moment ago (tests only: another process could take it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _process_main(job: JobSpec, rank: int, queue: Any) -> None:
     try:
         value = run_rank(job, rank)
@@ -84,13 +93,16 @@ def spawn(fn: Callable[..., Any], world_size: int, backend: str = "tcp", *, args
           env: dict[str, str] | None = None, expect_dead: Sequence[int] = (), init: bool = True) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes; return their results.
 
-    ``init_method="file"`` makes a fresh file:// URL; None lets the backend find its peers
+    ``init_method="file"`` makes a fresh file:// URL, ``"tcp"`` a tcp:// URL on a free
+    loopback port; any other URL is used as given; None lets the backend find its peers
     (mpi under mpiexec). Ranks in ``expect_dead`` may die without a result (None).
     """
     tmp = tempfile.mkdtemp(prefix="procgroup-job-")
     try:
         if init_method == "file":
             init_method = f"file://{tmp}/rendezvous"
+        elif init_method == "tcp":
+            init_method = f"tcp://127.0.0.1:{free_port()}"
         job = JobSpec(_ref(fn), tuple(args), backend, world_size, init_method, timeout,
                       _ref(setup) if setup else None, dict(env or {}), init)
         if launcher == "mpiexec":

@@ -1,0 +1,84 @@
+"""``python -m procgroup info``: versions, installed backends and the live capability table.
+
+The table is generated from the installed plugins: for each backend, each op and each
+device it says ``native`` (the backend implements it), ``generic`` (the core's algorithm
+on the backend's send/recv), ``staged`` (CUDA arrays copied through host memory) or ``-``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from typing import Any, Sequence
+
+from . import __version__
+from .channel import ALL_OPS, overridden_ops
+from .hookspecs import BackendSpec
+from .plugins import backends
+
+
+def capability_rows(spec: BackendSpec) -> tuple[str | None, dict[str, dict[str, str]]]:
+    """(why unavailable or None, op -> device -> how) for one backend."""
+    reason = spec.available()
+    native: set[str] | None = None
+    try:
+        native = overridden_ops(spec.loader())
+    except Exception as exc:  # noqa: BLE001 - listed with the reason instead
+        reason = reason or f"failed to load: {exc}"
+    table: dict[str, dict[str, str]] = {}
+    for op in ALL_OPS:
+        how = "?" if native is None else ("native" if op in native else "generic")
+        table[op] = {
+            "cpu": how if "cpu" in spec.devices else "-",
+            "cuda": how if "cuda" in spec.devices or how == "?" else ("staged" if "cpu" in spec.devices else "-"),
+        }
+    return reason, table
+
+
+def info(out: Any = None) -> None:
+    """Print versions, backends and the capability table."""
+    out = out or sys.stdout
+    w = out.write
+    w(f"procgroup {__version__} (Python {platform.python_version()}, {platform.system()} {platform.machine()})\n")
+    for mod in ("numpy", "pluggy", "pydantic", "mpi4py", "pygloo", "cupy"):
+        w(f"  {mod:9s} {_version(mod)}\n")
+    found = backends()
+    if not found:
+        w("\nno backends installed: pip install procgroup-tcp\n")
+        return
+    w("\nbackends:\n")
+    tables = {}
+    for name, spec in found.items():
+        reason, tables[name] = capability_rows(spec)
+        state = "available" if reason is None else f"unavailable: {reason}"
+        w(f"  {name:6s} {spec.distribution:22s} devices={','.join(spec.devices):9s} {state}\n")
+    w("\ncapabilities (native = backend's own, generic = core algorithm on its send/recv,\n"
+      "staged = CUDA arrays copied through host memory, - = not supported):\n")
+    names = list(found)
+    header = f"  {'op':15s}" + "".join(f"{n + ' cpu':>14s}{n + ' cuda':>14s}" for n in names)
+    w(header + "\n")
+    for op in ALL_OPS:
+        w(f"  {op:15s}" + "".join(f"{tables[n][op]['cpu']:>14s}{tables[n][op]['cuda']:>14s}" for n in names) + "\n")
+
+
+def _version(module: str) -> str:
+    from importlib import metadata
+
+    dist = {"cupy": "cupy-cuda12x"}.get(module, module)
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m procgroup", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["info"], help="what to show")
+    parser.parse_args(argv)
+    info()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
