@@ -441,11 +441,14 @@ def test_multicast(netns: tuple[list[str], bool]) -> None:
     url = "tcp://239.255.77.1:29571"
     jobs: list[tuple[str, str, dict[str, Any]]] = []  # (job, url, kwargs)
     for job, ws in [("solo", 1), ("pair", 2), ("quad", 4), ("sepA", 2), ("sepB", 2)]:
-        jobs += [(job, url, {"world_size": ws, "group_name": job, "timeout": SAFE})] * ws
+        # group names unique per run: concurrent runs may share a host's multicast group
+        jobs += [(job, url, {"world_size": ws, "group_name": f"{job}-{os.getpid()}",
+                             "timeout": SAFE})] * ws
     if v6:
         jobs += [("v6", "tcp://[ff15::77%v0]:29571",
-                  {"world_size": 2, "group_name": "v6", "timeout": SAFE})] * 2
-    jobs.append(("lonely", url, {"world_size": 2, "group_name": "lonely", "timeout": SHORT}))
+                  {"world_size": 2, "group_name": f"v6-{os.getpid()}", "timeout": SAFE})] * 2
+    jobs.append(("lonely", url, {"world_size": 2, "group_name": f"lonely-{os.getpid()}",
+                                 "timeout": SHORT}))
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     procs = [
         subprocess.Popen(prefix + [sys.executable, "-c", MCAST_CODE, u, json.dumps(kw)],
