@@ -265,9 +265,8 @@ class MpiChannel(DataChannel):
     def _start_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> tuple[list[Any], Any]:
         dt = output.dtype
         if _is_adjacent(input_list):
-            count = int(np.prod(output.shape))
             send = [_fromaddress(_address(input_list[0]), _nbytes(output) * self.size, readonly=True),
-                    count * self.size, mpi_datatype(dt)]
+                    mpi_datatype(dt)]
         else:
             # MPI_Reduce_scatter takes one contiguous send buffer: the one copy of this
             # backend, only when input_list is not already views of one buffer.

@@ -1,0 +1,329 @@
+"""The mpi backend: the conformance suite under a real mpiexec, plus MPI-specific checks."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("mpi4py", reason="the mpi backend needs mpi4py (pip install 'procgroup-mpi[mpich]')")
+
+from procgroup.testing import ConformanceSuite  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class TestMpiConformance(ConformanceSuite):
+    backend = "mpi"
+    world_sizes = (1, 2, 3, 4)
+    launcher = "mpiexec"
+    init_method = None  # discover_world: mpiexec says rank and size
+    survivors_raise = False  # a dead rank makes mpiexec end the whole job
+    unsupported = {
+        "side_group": "without init_method the Store is process-local (HashStore), so a tcp side "
+                      "group cannot meet; covered by test_file_rendezvous_side_group below",
+    }
+
+
+# ----------------------------------------------------------------------------- mpi-specific
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from procgroup.testing import mpiexec_command, spawn  # noqa: E402
+
+
+def _launcher_env() -> tuple[int, int]:
+    """Rank and size as mpiexec's process manager tells them (PMI/Open MPI/PMIx)."""
+    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if rank_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    return 0, 1
+
+
+def _discover(rank: int, size: int) -> dict[str, Any]:
+    """Init with no init_method/rank/size, then with arguments that contradict mpiexec."""
+    import procgroup as pg
+    from procgroup.errors import InvalidArgumentError
+
+    out: dict[str, Any] = {"env": _launcher_env()}
+    pg.init_process_group("mpi", timeout=60)
+    out["found"] = (pg.get_rank(), pg.get_world_size())
+    arr = np.full(3, pg.get_rank() + 1.0)
+    pg.all_reduce(arr)
+    out["sum"] = float(arr[0])
+    pg.destroy_process_group()
+    errors = {}
+    for name, kw in (("world_size", {"world_size": size + 1}), ("rank", {"rank": (rank + 1) % (size + 1)})):
+        try:
+            pg.init_process_group("mpi", timeout=60, **kw)
+        except InvalidArgumentError as exc:
+            errors[name] = str(exc)
+        else:
+            pg.destroy_process_group()
+            errors[name] = None
+    out["errors"] = errors
+    # matching arguments are accepted
+    pg.init_process_group("mpi", timeout=60, rank=rank, world_size=size)
+    out["again"] = (pg.get_rank(), pg.get_world_size())
+    pg.destroy_process_group()
+    return out
+
+
+def test_discover_world_under_mpiexec() -> None:
+    size = 3
+    results = spawn(_discover, size, "mpi", launcher="mpiexec", init_method=None, init=False, timeout=60)
+    for rank, res in enumerate(results):
+        assert res["env"] == (rank, size)
+        assert res["found"] == (rank, size)
+        assert res["again"] == (rank, size)
+        assert res["sum"] == size * (size + 1) / 2
+        assert "world_size=4 contradicts" in res["errors"]["world_size"], res
+        assert f"which says world_size={size}" in res["errors"]["world_size"], res
+        assert "rank" in res["errors"]["rank"] and "contradicts" in res["errors"]["rank"], res
+
+
+def _singleton(rank: int, size: int) -> dict[str, Any]:
+    """Without mpiexec: init_process_group('mpi') is a world of one."""
+    import procgroup as pg
+
+    pg.init_process_group("mpi", timeout=30)
+    arr = np.full(4, 5.0)
+    pg.all_reduce(arr, op=pg.ReduceOp.AVG)
+    out = {"world": (pg.get_rank(), pg.get_world_size()), "value": float(arr[0])}
+    pg.destroy_process_group()
+    return out
+
+
+def _mismatched_init_method(rank: int, size: int) -> str:
+    """A file:// rendezvous of 2 ranks whose processes are MPI singletons: a clear error."""
+    from procgroup.errors import InvalidArgumentError
+
+    try:
+        import procgroup as pg
+
+        pg.init_process_group("mpi", os.environ["PG_TEST_URL"], rank=rank, world_size=size, timeout=30)
+    except InvalidArgumentError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_without_mpiexec(tmp_path: Any) -> None:
+    assert spawn(_singleton, 1, "mpi", launcher="process", init=False) == [{"world": (0, 1), "value": 5.0}]
+    url = f"file://{tmp_path}/rdv"
+    messages = spawn(_mismatched_init_method, 2, "mpi", launcher="process", init=False, env={"PG_TEST_URL": url})
+    for rank, msg in enumerate(messages):
+        assert f"given rank {rank} of a world of 2" in msg and "rank 0 of 1" in msg and "mpiexec -n 2" in msg, msg
+
+
+def _mpi_specific(rank: int, size: int) -> dict[str, Any]:
+    """Tags over TAG_UB, the collective tag space, nested groups, buffer layouts, dtypes."""
+    import procgroup as pg
+    from procgroup.channel import DataChannel
+    from procgroup.ops import ReduceOp
+
+    from mpi4py import MPI
+
+    ch = pg._api._resolve(None).channel  # noqa: SLF001 - the MpiChannel itself
+    out: dict[str, Any] = {"tag_ub": int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)), "mask": ch._mask}
+    # user tags above MPI_TAG_UB stay distinct: sent in one order, received in reverse
+    tags = sorted({0, 7, ch._mask, ch._mask + 1, 2**30 + 3, 2**31 - 1})
+    if rank == 0:
+        for i, t in enumerate(tags):
+            pg.send(np.full(2, i, dtype=np.int64), 1, tag=t)
+    elif rank == 1:
+        got = {}
+        for t in reversed(tags):
+            buf = np.zeros(2, dtype=np.int64)
+            pg.recv(buf, 0, tag=t)
+            got[t] = int(buf[0])
+        out["tags"] = got == {t: i for i, t in enumerate(tags)}
+    # the default algorithms (send/recv on tags >= 2**40) route through the collective comm
+    arr = np.full(1001, rank + 1, dtype=np.float64)
+    DataChannel.all_reduce(ch, arr, ReduceOp.SUM)
+    bc = np.full(5, rank, dtype=np.int32)
+    DataChannel.broadcast(ch, bc, size - 1)
+    out["generic"] = bool((arr == size * (size + 1) / 2).all() and (bc == size - 1).all())
+    # list arguments as views of one buffer (adjacent) and as separate arrays
+    big = np.zeros((size, 6), dtype=np.float32)
+    pg.all_gather(list(big), np.full(6, rank, dtype=np.float32))
+    ins = np.arange(size * 4, dtype=np.float64).reshape(size, 4) + rank
+    rs = np.zeros(4)
+    pg.reduce_scatter(rs, list(ins), op=ReduceOp.SUM)
+    rs2 = np.zeros(4)
+    pg.reduce_scatter(rs2, [row.copy() for row in ins], op=ReduceOp.SUM)
+    want = sum(np.arange(size * 4, dtype=np.float64).reshape(size, 4)[rank] + r for r in range(size))
+    out["layouts"] = bool((big[:, 0] == np.arange(size)).all() and (rs == want).all() and (rs2 == want).all())
+    # float16 and bool through every op they allow
+    f16 = {}
+    for op in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG):
+        h = np.full(3, rank + 1, dtype=np.float16)
+        pg.all_reduce(h, op=op)
+        f16[op.name] = float(h[0])
+    out["f16"] = f16
+    bools = {}
+    for op in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.BXOR, ReduceOp.BAND):
+        b = np.array([rank == 0, True, False])
+        pg.all_reduce(b, op=op)
+        bools[op.name] = b.tolist()
+    out["bool"] = bools
+    # groups: a communicator per group, and a group of a group
+    odds = pg.new_group(list(range(1, size, 2)))
+    head = pg.new_group([0, size - 1])
+    if rank in (0, size - 1):
+        x = np.array([rank], dtype=np.int64)
+        pg.all_reduce(x, group=head)
+        out["head"] = int(x[0])
+        y = np.zeros(1, dtype=np.int64)
+        if rank == size - 1:
+            pg.send(np.array([42]), 0, group=head, tag=2**31 - 1)
+        else:
+            out["head_src"] = pg.recv(y, group=head, tag=2**31 - 1)
+            out["head_val"] = int(y[0])
+    if rank % 2 == 1:
+        v = np.ones(2)
+        pg.all_reduce(v, group=odds, async_op=True).wait(timeout=30)
+        out["odds"] = float(v[0])
+    pg.barrier()
+    return out
+
+
+def test_mpi_specific_checks() -> None:
+    size = 4
+    results = spawn(_mpi_specific, size, "mpi", launcher="mpiexec", init_method=None, timeout=60)
+    n_odd = len(range(1, size, 2))
+    for rank, res in enumerate(results):
+        assert res["mask"] <= res["tag_ub"] < 2 * res["mask"] + 1, res
+        if rank == 1:
+            assert res["tags"] is True
+        assert res["generic"] is True and res["layouts"] is True, res
+        assert res["f16"] == {"SUM": size * (size + 1) / 2, "PRODUCT": float(np.prod(np.arange(1, size + 1))),
+                              "MIN": 1.0, "MAX": float(size), "AVG": (size + 1) / 2}, res
+        assert res["bool"] == {"SUM": [True, True, False], "MIN": [size == 1, True, False],
+                               "BXOR": [True, size % 2 == 1, False], "BAND": [size == 1, True, False]}, res
+        if rank in (0, size - 1):
+            assert res["head"] == size - 1
+        if rank == 0:
+            assert (res["head_src"], res["head_val"]) == (size - 1, 42)
+        if rank % 2 == 1:
+            assert res["odds"] == n_odd
+
+
+def _file_rendezvous(rank: int, size: int, names: list[str], tmpdir: str) -> dict[str, str | None]:
+    """The checks that need a shared Store, with file:// under mpiexec."""
+    from procgroup.testing import _checks
+
+    return _checks.run_all(rank, size, {"backend": "mpi", "tmpdir": tmpdir}, names)
+
+
+def test_file_rendezvous_side_group(tmp_path: Any) -> None:
+    names = ["info", "side_group", "groups", "all_reduce_large"]
+    results = spawn(_file_rendezvous, 3, "mpi", args=(names, str(tmp_path)), launcher="mpiexec",
+                    init_method="file", timeout=60)
+    failures = {(rank, n): tb for rank, res in enumerate(results) for n, tb in res.items() if tb}
+    assert not failures, failures
+
+
+def _sized_fake_gpu() -> type:
+    """FakeGpuArray with CuPy's ``size``, which the core's list check reads on unstaged arrays."""
+    from procgroup.testing import FakeGpuArray
+
+    class SizedFakeGpuArray(FakeGpuArray):
+        @property
+        def size(self) -> int:
+            return int(self.host.size)
+
+    return SizedFakeGpuArray
+
+
+def _cuda_aware_direct(rank: int, size: int) -> dict[str, Any]:
+    """PROCGROUP_MPI_CUDA_AWARE=1: device arrays go to MPI as pointers, unstaged."""
+    import procgroup as pg
+
+    FakeGpuArray = _sized_fake_gpu()  # noqa: N806
+
+    ch = pg._api._resolve(None).channel  # noqa: SLF001
+    a = FakeGpuArray(np.full(7, rank + 1, dtype=np.float32))
+    pg.all_reduce(a)
+    b = FakeGpuArray(np.full(3, rank, dtype=np.int64))
+    pg.broadcast(b, size - 1)
+    outs = [FakeGpuArray.zeros(2, np.int32) for _ in range(size)]
+    pg.all_gather(outs, FakeGpuArray(np.full(2, rank, dtype=np.int32)))
+    into = FakeGpuArray.zeros(4, np.float64)
+    w = pg.isend(FakeGpuArray(np.full(4, rank, dtype=np.float64)), (rank + 1) % size)
+    src = pg.recv(into, (rank - 1) % size)
+    w.wait()
+    return {"devices": list(ch.devices), "sum": float(a.host[0]), "bcast": int(b.host[0]),
+            "gather": [int(o.host[0]) for o in outs], "recv": (src, float(into.host[0]))}
+
+
+def test_cuda_aware_path_with_device_pointers() -> None:
+    size = 2
+    results = spawn(_cuda_aware_direct, size, "mpi", launcher="mpiexec", init_method=None,
+                    env={"PROCGROUP_MPI_CUDA_AWARE": "1"}, timeout=60)
+    for rank, res in enumerate(results):
+        assert res == {"devices": ["cpu", "cuda"], "sum": 3.0, "bcast": size - 1, "gather": [0, 1],
+                       "recv": ((rank - 1) % size, float((rank - 1) % size))}, res
+
+
+ABORT_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import procgroup as pg
+
+    pg.init_process_group("mpi", timeout=300)
+    if pg.get_rank() == 1:
+        raise RuntimeError("rank one fails on purpose")
+    for _ in range(10**6):  # the others would wait for rank 1 for 300 s
+        pg.all_reduce(np.ones(4))
+    print("finished", pg.get_rank(), flush=True)
+""")
+
+
+def test_uncaught_exception_aborts_the_job(tmp_path: Any) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text(ABORT_SCRIPT)
+    # the subprocess timeout only guards the test run; the job ends as soon as rank 1 aborts
+    proc = subprocess.run(mpiexec_command() + ["-n", "3", sys.executable, str(script)], capture_output=True,
+                          text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0
+    assert "rank one fails on purpose" in proc.stderr
+    assert "procgroup mpi: rank 1 raised RuntimeError; aborting the MPI job" in proc.stderr
+    assert "finished" not in proc.stdout
+
+
+def _large(rank: int, size: int, nbytes: int) -> dict[str, Any]:
+    """Counts over INT_MAX: broadcast, send/recv and all_reduce of > 2 GiB of uint8."""
+    import procgroup as pg
+
+    buf = np.empty(nbytes, dtype=np.uint8)
+    buf[:] = 3 if rank == 0 else 0
+    buf[-1] = 9 if rank == 0 else 0
+    pg.broadcast(buf, 0)
+    out = {"bcast": bool(buf[0] == 3 and buf[-1] == 9 and buf[nbytes // 2] == 3)}
+    if rank == 1:
+        buf[:] = 0
+        pg.recv(buf, 0)
+    elif rank == 0:
+        buf[-1] = 11
+        pg.send(buf, 1)
+    out["p2p"] = bool(buf[0] == 3 and buf[-1] == 11 and buf[nbytes // 3] == 3)
+    pg.all_reduce(buf, op=pg.ReduceOp.MAX)
+    out["max"] = bool(buf[0] == 3 and buf[-1] == 11)
+    return out
+
+
+@pytest.mark.skipif(os.environ.get("PROCGROUP_SKIP_HUGE") == "1", reason="PROCGROUP_SKIP_HUGE=1")
+def test_messages_over_2gib() -> None:
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        avail = 0
+    nbytes = 2**31 + 4099  # an element count over INT_MAX: MPI-4 large counts
+    if avail < 5 * nbytes:
+        pytest.skip(f"needs ~{5 * nbytes / 2**30:.0f} GiB free memory, {avail / 2**30:.1f} GiB available")
+    results = spawn(_large, 2, "mpi", args=(nbytes,), launcher="mpiexec", init_method=None, timeout=300,
+                    job_timeout=500)
+    assert results == [{"bcast": True, "p2p": True, "max": True}] * 2
