@@ -37,9 +37,14 @@ def _channel(group: Any, op: str) -> tuple[Any, Any]:
     return g.channel, g
 
 
-def _buffers(items: Any, name: str, op: str, *, writable: bool) -> list[DeviceBuffer]:
+def _count(items: Any, name: str, op: str) -> int:
     if not isinstance(items, (list, tuple)) or not items:
         raise InvalidArgumentError(f"{op}: {name} must be a non-empty list of CUDA arrays, one per GPU")
+    return len(items)
+
+
+def _buffers(items: Any, name: str, op: str, *, writable: bool) -> list[DeviceBuffer]:
+    _count(items, name, op)
     bufs = []
     for i, a in enumerate(items):
         label = f"{name}[{i}]"
@@ -80,8 +85,8 @@ def broadcast_multigpu(tensor_list: Sequence[Any], src: int, group: Any = None, 
     op = "broadcast_multigpu"
     channel, g = _channel(group, op)
     root = g.group_rank(src, "src")
+    idx = _index(src_tensor, _count(tensor_list, "tensor_list", op), "src_tensor", op)
     bufs = _buffers(tensor_list, "tensor_list", op, writable=True)
-    idx = _index(src_tensor, len(bufs), "src_tensor", op)
     return _finish(channel, channel.start_broadcast_multigpu(bufs, root * len(bufs) + idx), async_op)
 
 
@@ -101,8 +106,8 @@ def reduce_multigpu(tensor_list: Sequence[Any], dst: int, op: ReduceOp = ReduceO
     name = "reduce_multigpu"
     channel, g = _channel(group, name)
     root = g.group_rank(dst, "dst")
+    idx = _index(dst_tensor, _count(tensor_list, "tensor_list", name), "dst_tensor", name)
     bufs = _buffers(tensor_list, "tensor_list", name, writable=g.rank == root)
-    idx = _index(dst_tensor, len(bufs), "dst_tensor", name)
     check_op_dtype(op, bufs[0].dtype)
     return _finish(channel, channel.start_reduce_multigpu(bufs, root * len(bufs) + idx, op), async_op)
 
