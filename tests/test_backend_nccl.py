@@ -20,12 +20,12 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-import pytest
-
 import procgroup as pg
+import pytest
 from procgroup import errors
 from procgroup.ops import ReduceOp, check_op_dtype, reduce_into
 from procgroup.plugins import backends
@@ -219,7 +219,6 @@ def _threads(size: int, fn: Callable[[int], Any]) -> list[Any]:
 @needs_nccl_lib
 def test_unique_id_shared_through_store() -> None:
     from procgroup.rendezvous import HashStore
-
     from procgroup_nccl._comm import check_in, exchange_unique_id
 
     store = HashStore()
@@ -232,7 +231,6 @@ def test_unique_id_shared_through_store() -> None:
 
 def test_check_in_times_out_naming_missing_rank() -> None:
     from procgroup.rendezvous import HashStore
-
     from procgroup_nccl._comm import check_in
 
     with pytest.raises(errors.StoreTimeoutError, match="r1"):
@@ -242,7 +240,6 @@ def test_check_in_times_out_naming_missing_rank() -> None:
 @needs_nccl_lib
 def test_multigpu_device_count_mismatch_is_refused() -> None:
     from procgroup.rendezvous import HashStore
-
     from procgroup_nccl._comm import create_multi_communicators
 
     store = HashStore()
@@ -360,7 +357,6 @@ def test_channel_without_gpu_in_two_processes() -> None:
 def _gpu_world_one(rank: int, size: int) -> dict[str, Any]:
     """World size 1 on GPU 0: every op, async Work, streams, multi-GPU, the cache."""
     import cupy as cp
-
     import procgroup_nccl as pn
 
     cp.cuda.Device(0).use()
