@@ -41,9 +41,17 @@ _PROBE = (
 
 
 def _probe() -> dict[str, Any]:
-    """Ask a fresh interpreter (so this one never initializes CUDA before spawning)."""
+    """Ask a fresh interpreter (so this one never initializes CUDA before spawning).
+
+    The answer travels to spawned ranks in the environment, so they do not ask again.
+    """
+    cached = os.environ.get("PROCGROUP_TEST_NCCL_PROBE")
+    if cached:
+        return json.loads(cached)
     out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    line = out.stdout.strip().splitlines()[-1]
+    os.environ["PROCGROUP_TEST_NCCL_PROBE"] = line
+    return json.loads(line)
 
 
 PROBE = _probe()
