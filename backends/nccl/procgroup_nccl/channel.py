@@ -143,6 +143,8 @@ class NcclChannel(DataChannel):
                 _comm.close_communicator(comm, abort=True)
 
     def _async_error(self) -> BaseException | None:
+        if self._aborted:
+            return None  # aborted handles must not be touched again
         for comm in self._all_comms():
             try:
                 comm.check_async_error()
