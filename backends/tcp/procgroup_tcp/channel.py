@@ -30,6 +30,7 @@ from procgroup.errors import (
 from procgroup.ops import ReduceOp
 
 from ._conn import Peer, connect_mesh
+from ._shm import SharedMemoryArena, host_identity, shm_wanted
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,16 @@ class TcpChannel(DataChannel):
                 self._peers[rank] = peer
             for peer in self._peers.values():
                 peer.start_reader()
+        self._shm: SharedMemoryArena | None = None
+        if ctx.size > 1 and self._all_on_one_host():
+            self._shm = SharedMemoryArena.open(self)
+
+    def _all_on_one_host(self) -> bool:
+        """Collective: every rank shares this host and allows shared memory."""
+        me = f"{host_identity()}|{'shm' if shm_wanted() else 'no-shm'}"
+        self.ctx.store.set(f"tcp/host/{self.rank}", me)
+        ids = {self.ctx.store.get(f"tcp/host/{r}", timeout=self.timeout).decode() for r in range(self.size)}
+        return len(ids) == 1 and me.endswith("|shm")
 
     # ---------------------------------------------------------------- helpers
     def _peer(self, rank: int) -> Peer:
@@ -267,6 +278,8 @@ class TcpChannel(DataChannel):
         for req in posted:
             req.finish(-1, exc)
         self.shutdown_threads()
+        if self._shm is not None:
+            self._shm.close()
 
 
 def check_size(nbytes: int, dtype_char: bytes, req: _PostedRecv, sender: int) -> None:
