@@ -94,4 +94,28 @@ def mpi_op(op: ReduceOp, dtype: np.dtype) -> Any:
     return _NATIVE_OPS[op]
 
 
-__all__ = ["mpi_datatype", "mpi_op"]
+_DATATYPES: dict[str, Any] = {}
+_OPS: dict[tuple[int, str], Any] = {}
+
+
+def datatype_of(array: Any) -> Any:
+    """:func:`mpi_datatype` of ``array.dtype`` through a dict on the type code (hot path)."""
+    char = array.dtype.char
+    try:
+        return _DATATYPES[char]
+    except KeyError:
+        dt = _DATATYPES[char] = mpi_datatype(np.dtype(array.dtype))
+        return dt
+
+
+def op_for(op: ReduceOp, array: Any) -> Any:
+    """:func:`mpi_op` through a dict keyed on the (singleton) op's id and the type code."""
+    key = (id(op), array.dtype.char)
+    try:
+        return _OPS[key]
+    except KeyError:
+        mop = _OPS[key] = mpi_op(op, np.dtype(array.dtype))
+        return mop
+
+
+__all__ = ["datatype_of", "mpi_datatype", "mpi_op", "op_for"]

@@ -34,7 +34,7 @@ from procgroup.errors import ChannelClosedError, CommTimeoutError, InvalidArgume
 from procgroup.ops import ReduceOp, finish_average
 
 from . import _abort, _cuda
-from ._types import mpi_datatype, mpi_op
+from ._types import datatype_of, op_for
 from ._wait import MpiWork, cancel_recv, translate, wait_requests
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class MpiChannel(DataChannel):
         self._check()
         comm, mtag = self._route(tag)
         try:
-            req = comm.Isend([array, mpi_datatype(array.dtype)], dst, mtag)
+            req = comm.Isend([array, datatype_of(array)], dst, mtag)
         except MPI.Exception as exc:
             raise translate(exc, "send") from None
         self._wait([req], f"send to rank {self.ctx.global_rank(dst)} (tag {tag})")
@@ -190,7 +190,7 @@ class MpiChannel(DataChannel):
         self._check()
         comm, mtag = self._route(tag)
         try:
-            req = comm.Isend([array, mpi_datatype(array.dtype)], dst, mtag)
+            req = comm.Isend([array, datatype_of(array)], dst, mtag)
         except MPI.Exception as exc:
             raise translate(exc, "isend") from None
         return MpiWork("isend", [req], self.timeout, keep=array)
@@ -198,7 +198,7 @@ class MpiChannel(DataChannel):
     def _irecv(self, array: Any, src: int | None, tag: int) -> tuple[Any, Any, Any]:
         self._check()
         comm, mtag = self._route(tag)
-        dt = mpi_datatype(array.dtype)
+        dt = datatype_of(array)
         source = MPI.ANY_SOURCE if src is None else src
         try:
             req = comm.Irecv([array, dt], source, mtag)
@@ -237,19 +237,17 @@ class MpiChannel(DataChannel):
     # ------------------------------------------------------------------ collectives
     # Each _start_<op> issues the nonblocking MPI call and returns (requests, finish).
     def _start_broadcast(self, array: Any, src: int) -> tuple[list[Any], Any]:
-        return [self._comm.Ibcast([array, mpi_datatype(array.dtype)], src)], None
+        return [self._comm.Ibcast([array, datatype_of(array)], src)], None
 
     def _start_all_reduce(self, array: Any, op: ReduceOp) -> tuple[list[Any], Any]:
-        dt = array.dtype
-        req = self._comm.Iallreduce(_IN_PLACE, [array, mpi_datatype(dt)], mpi_op(op, dt))
+        req = self._comm.Iallreduce(_IN_PLACE, [array, datatype_of(array)], op_for(op, array))
         return [req], self._averager(array, op)
 
     def _start_reduce(self, array: Any, dst: int, op: ReduceOp) -> tuple[list[Any], Any]:
-        dt = array.dtype
-        spec = [array, mpi_datatype(dt)]
+        spec = [array, datatype_of(array)]
         if self.rank == dst:
-            return [self._comm.Ireduce(_IN_PLACE, spec, mpi_op(op, dt), dst)], self._averager(array, op)
-        return [self._comm.Ireduce(spec, None, mpi_op(op, dt), dst)], None
+            return [self._comm.Ireduce(_IN_PLACE, spec, op_for(op, array), dst)], self._averager(array, op)
+        return [self._comm.Ireduce(spec, None, op_for(op, array), dst)], None
 
     def _start_all_gather(self, output_list: Sequence[Any], array: Any) -> tuple[list[Any], Any]:
         return [self._comm.Iallgatherv([array, _BYTE], _spread(output_list, readonly=False))], None
@@ -263,16 +261,16 @@ class MpiChannel(DataChannel):
         return [self._comm.Iscatterv(send, [array, _BYTE], src)], None
 
     def _start_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> tuple[list[Any], Any]:
-        dt = output.dtype
+        dt = datatype_of(output)
         if _is_adjacent(input_list):
             send = [_fromaddress(_address(input_list[0]), _nbytes(output) * self.size, readonly=True),
-                    mpi_datatype(dt)]
+                    dt]
         else:
             # MPI_Reduce_scatter takes one contiguous send buffer: the one copy of this
             # backend, only when input_list is not already views of one buffer.
-            send = [self._concatenate(input_list), mpi_datatype(dt)]
+            send = [self._concatenate(input_list), dt]
         # mpi4py's request holds the send buffer (the staging copy too) until it completes
-        req = self._comm.Ireduce_scatter_block(send, [output, mpi_datatype(dt)], mpi_op(op, dt))
+        req = self._comm.Ireduce_scatter_block(send, [output, dt], op_for(op, output))
         return [req], self._averager(output, op)
 
     def _concatenate(self, arrays: Sequence[Any]) -> Any:
@@ -307,7 +305,18 @@ class MpiChannel(DataChannel):
         self._run("broadcast", *self._start("broadcast", (array, src)))
 
     def all_reduce(self, array: Any, op: ReduceOp) -> None:
-        self._run("all_reduce", *self._start("all_reduce", (array, op)))
+        # the latency-critical op, inlined: one nonblocking call, then Test until done
+        if self._closed:
+            self._check()
+        try:
+            req = self._comm.Iallreduce(_IN_PLACE, [array, datatype_of(array)], op_for(op, array))
+            done = req.Test()
+        except MPI.Exception as exc:
+            raise translate(exc, "all_reduce") from None
+        if not done:
+            self._run("all_reduce", [req])
+        if op is ReduceOp.AVG and self.size > 1:
+            finish_average(op, array, self.size)
 
     def reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
         self._run("reduce", *self._start("reduce", (array, dst, op)))
