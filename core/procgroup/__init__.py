@@ -41,6 +41,23 @@ from .plugins import register_backend
 
 __version__ = "0.1.0"
 
+#: torch.distributed's list variants for one process driving several GPUs; they live in
+#: the nccl plugin and are imported from there on first use.
+_MULTIGPU = ("all_gather_multigpu", "all_reduce_multigpu", "broadcast_multigpu", "reduce_multigpu")
+
+
+def __getattr__(name: str) -> object:
+    if name in _MULTIGPU:
+        try:
+            import procgroup_nccl
+        except ImportError:
+            raise AttributeError(
+                f"procgroup.{name} needs the nccl backend: pip install procgroup-nccl"
+            ) from None
+        return getattr(procgroup_nccl, name)
+    raise AttributeError(f"module 'procgroup' has no attribute {name!r}")
+
+
 __all__ = [
     "Backend",
     "BackendSpec",

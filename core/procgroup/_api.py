@@ -228,14 +228,12 @@ class _Prepared:
     native: Any  # what the channel gets
     original: Any  # what the user passed
     staged: bool  # native is a host copy of a CUDA array
+    dtype: np.dtype
+    count: int  # elements
 
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self.native.dtype)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.native.shape)
+def _host(array: np.ndarray, original: Any, staged: bool) -> _Prepared:
+    return _Prepared(array, original, staged, array.dtype, array.size)
 
 
 def _devices(g: Group) -> tuple[str, ...]:
@@ -248,15 +246,17 @@ def _prepare(g: Group, array: Any, name: str, op: str, *, writable: bool) -> _Pr
     devices = _devices(g)
     if device == arrays.CUDA:
         if arrays.CUDA in devices:
-            arrays.cuda_info(array, name=name)  # rejects non-contiguous arrays early
-            return _Prepared(array, array, staged=False)
-        return _Prepared(arrays.stage_to_host(array, name=name, writable=writable), array, staged=True)
+            info = arrays.cuda_info(array, name=name)  # rejects non-contiguous arrays early
+            if writable and info.read_only:
+                raise InvalidArrayError(f"{name} is read-only, but {op} writes its result into it")
+            return _Prepared(array, array, False, info.dtype, info.nbytes // max(info.dtype.itemsize, 1))
+        return _host(arrays.stage_to_host(array, name=name, writable=writable), array, staged=True)
     if arrays.CPU not in devices:
         raise UnsupportedOperationError(
             f"{op}: backend {g.backend!r} moves CUDA arrays only, but {name} is in host memory; "
             f"move it to the GPU (cupy.asarray(...)) or use a CPU group: new_group(backend='tcp')"
         )
-    return _Prepared(arrays.as_host_array(array, name=name, writable=writable), array, staged=False)
+    return _host(arrays.as_host_array(array, name=name, writable=writable), array, staged=False)
 
 
 def _prepare_list(g: Group, items: Any, name: str, op: str, like: _Prepared, *, writable: bool) -> list[_Prepared]:
@@ -271,10 +271,10 @@ def _prepare_list(g: Group, items: Any, name: str, op: str, like: _Prepared, *, 
 
 
 def _same_layout(p: _Prepared, like: _Prepared, name: str, op: str) -> None:
-    if p.dtype != like.dtype or p.native.size != like.native.size:
+    if p.dtype != like.dtype or p.count != like.count:
         raise InvalidArrayError(
-            f"{op}: {name} has dtype {p.dtype} and {p.native.size} elements, but the array has "
-            f"dtype {like.dtype} and {like.native.size} elements; they must match"
+            f"{op}: {name} has dtype {p.dtype} and {p.count} elements, but the array has "
+            f"dtype {like.dtype} and {like.count} elements; they must match"
         )
 
 
