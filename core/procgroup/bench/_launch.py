@@ -24,7 +24,7 @@ import time
 from procgroup.errors import InvalidArgumentError
 
 from ._options import Options
-from ._rank import SHARED_DIR_ENV
+from ._rank import LAUNCHER_ENV, SHARED_DIR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,9 @@ def spawn_job(opts: Options, argv: list[str]) -> int:
     holder.bind(("127.0.0.1", 0))  # held (never listening) so no one else takes the port
     port = holder.getsockname()[1]
     tmp = tempfile.mkdtemp(prefix="procgroup-bench-")
+    how = f"procgroup-bench -n {opts.nprocs} ({'mpiexec' if use_mpi else 'subprocesses'}, env:// on loopback)"
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               **{SHARED_DIR_ENV: opts.shared_dir or tmp})
+               **{SHARED_DIR_ENV: opts.shared_dir or tmp, LAUNCHER_ENV: how})
     cmd = [sys.executable, "-m", "procgroup.bench", *argv]
     procs: list[subprocess.Popen[bytes]] = []
     try:

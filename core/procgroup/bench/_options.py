@@ -43,8 +43,8 @@ class Options:
     def np_dtype(self) -> np.dtype:
         return np.dtype(self.dtype)
 
-    def sizes_for(self, world_size: int) -> list[int]:
-        return effective_sizes(self.sizes, world_size, self.np_dtype.itemsize)
+    def sizes_for(self, op: str, world_size: int) -> list[int]:
+        return effective_sizes(op, self.sizes, world_size, self.np_dtype.itemsize)
 
 
 def _positive_int(name: str, text: str) -> int:

@@ -27,7 +27,8 @@ def write_plot(path: str, records: list[Record], meta: dict[str, Any]) -> None:
     ops = [op for op in OPS if any(r.op == op and r.status == "ok" for r in records)]
     if not ops:
         return
-    fig, axes = plt.subplots(len(ops), 2, figsize=(12, 3.6 * len(ops)), squeeze=False)
+    fig, axes = plt.subplots(len(ops), 2, figsize=(12, 3.6 * len(ops) + 0.6), squeeze=False)
+    colors = {v: f"C{i % 10}" for i, v in enumerate(meta["variants"])}  # one colour per variant throughout
     for row, op in enumerate(ops):
         ax_bw, ax_t = axes[row]
         for variant in meta["variants"]:
@@ -36,8 +37,8 @@ def write_plot(path: str, records: list[Record], meta: dict[str, Any]) -> None:
             if not pts:
                 continue
             xs = [p[0] for p in pts]
-            ax_bw.plot(xs, [p[1] for p in pts], marker="o", label=variant)
-            ax_t.plot(xs, [p[2] for p in pts], marker="o", label=variant)
+            ax_bw.plot(xs, [p[1] for p in pts], marker="o", label=variant, color=colors[variant])
+            ax_t.plot(xs, [p[2] for p in pts], marker="o", label=variant, color=colors[variant])
         what = "one-way latency" if op == "pingpong" else "time"
         ax_bw.set(title=f"{op}: bus bandwidth", ylabel="busbw (GB/s)")
         ax_t.set(title=f"{op}: {what} (median)", ylabel="time (us)", yscale="log")
@@ -50,6 +51,6 @@ def write_plot(path: str, records: list[Record], meta: dict[str, Any]) -> None:
             if 0 < len(ticks) <= 14:
                 ax.set_xticks(ticks, [format_size(t) for t in ticks], rotation=45, fontsize=7)
     fig.suptitle(f"procgroup-bench: {meta['world_size']} ranks, {meta['dtype']}, host {meta.get('host', '?')}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: Set by the spawner: where raw-pygloo's FileStore may live (a directory of this run).
 SHARED_DIR_ENV = "PROCGROUP_BENCH_SHARED_DIR"
+#: Set by the spawner: how the ranks were started (for the JSON metadata).
+LAUNCHER_ENV = "PROCGROUP_BENCH_LAUNCHER"
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ def plan(opts: Options, world_size: int, n_variants: int) -> list[Point]:
     rounds = opts.rounds or (3 if n_variants > 1 else 1)
     points = []
     for op in opts.ops:
-        for nbytes in opts.sizes_for(world_size):
+        for nbytes in opts.sizes_for(op, world_size):
             iters = opts.iters or auto_iters(nbytes)
             warmup = opts.warmup if opts.warmup is not None else auto_warmup(iters)
             points.append(Point(op, nbytes, iters, warmup, max(1, min(rounds, iters))))
@@ -323,7 +325,7 @@ def metadata(opts: Options, variants: list[Variant], n: int, control: str, launc
         "cpu_count": os.cpu_count(),
         "versions": _versions(variants),
         "command": ["procgroup-bench", *sys.argv[1:]],
-        "launcher": launcher,
+        "launcher": os.environ.get(LAUNCHER_ENV) or f"external ({launcher} set)",
         "world_size": n,
         "dtype": opts.dtype,
         "ops": opts.ops,

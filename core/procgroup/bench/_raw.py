@@ -104,10 +104,13 @@ class RawPyglooVariant(Variant):
         except TypeError:  # pygloo 0.2 builds lack pybind11's chrono casters; gloo's default stays
             log.debug("pygloo cannot set a timeout; gloo's default (30 s) applies")
         address = host if host.startswith("127.") or host == "localhost" else socket.gethostname()
-        device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(address))
-        store = pygloo.rendezvous.PrefixStore(f"procgroup-bench-{world_size}",
-                                              pygloo.rendezvous.FileStore(shared_dir))
-        ctx.connectFullMesh(store, device)
+        # PrefixStore holds a C++ reference to the FileStore: keep both (and the device)
+        # alive on self, or gloo reads freed memory.
+        self._attr = pygloo.transport.tcp.attr(address)
+        self._device = pygloo.transport.tcp.CreateDevice(self._attr)
+        self._file_store = pygloo.rendezvous.FileStore(shared_dir)
+        self._store = pygloo.rendezvous.PrefixStore(f"procgroup-bench-{world_size}", self._file_store)
+        ctx.connectFullMesh(self._store, self._device)
         self._ctx = ctx
 
     def unsupported(self, op: str) -> str | None:
@@ -127,7 +130,7 @@ class RawPyglooVariant(Variant):
         if op == "reduce":
             return lambda: pygloo.reduce(ctx, recv, recv, b.recv.size, dt, pygloo.ReduceOp.SUM, 0)
         if op == "all_gather":
-            return lambda: pygloo.allgather(ctx, send, recv, b.recv.size, dt)
+            return lambda: pygloo.allgather(ctx, send, recv, b.send.size, dt)  # count per rank
         if op == "reduce_scatter":
             elems = [b.recv.size] * world_size
             return lambda: pygloo.reduce_scatter(ctx, send, recv, b.send.size, elems, dt, pygloo.ReduceOp.SUM)

@@ -5,7 +5,8 @@ numbers line up with nccl-tests' tables. all_reduce/broadcast/reduce and ping-po
 one buffer of ``nbytes``; all_gather's ``nbytes`` is the gathered output (each rank sends
 ``nbytes / n``); reduce_scatter's is the input (each rank keeps ``nbytes / n``);
 all_to_all's is each rank's send buffer (``nbytes / n`` to every peer). Sizes are rounded
-down to a multiple of ``n * itemsize`` so every chunk is whole.
+down to whole elements, and for these three chunked ops to a multiple of ``n * itemsize``
+so every chunk is whole.
 """
 
 from __future__ import annotations
@@ -111,17 +112,20 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
     return sizes
 
 
-def round_size(nbytes: int, world_size: int, itemsize: int) -> int:
-    """Round down to whole chunks of whole elements (at least one element per rank)."""
-    unit = world_size * itemsize
+CHUNKED_OPS = ("all_gather", "reduce_scatter", "all_to_all")
+
+
+def round_size(op: str, nbytes: int, world_size: int, itemsize: int) -> int:
+    """Round down to whole elements; chunked ops to whole chunks (at least one element per rank)."""
+    unit = world_size * itemsize if op in CHUNKED_OPS else itemsize
     return max(unit, nbytes // unit * unit)
 
 
-def effective_sizes(sizes: list[int], world_size: int, itemsize: int) -> list[int]:
+def effective_sizes(op: str, sizes: list[int], world_size: int, itemsize: int) -> list[int]:
     """Rounded sizes in order, duplicates (several tiny sizes rounding alike) dropped."""
     out: list[int] = []
     for s in sizes:
-        r = round_size(s, world_size, itemsize)
+        r = round_size(op, s, world_size, itemsize)
         if r not in out:
             out.append(r)
     return out
@@ -206,7 +210,7 @@ def check_result(b: Buffers, rank: int, world_size: int) -> str | None:
     elif b.op == "broadcast":
         expected = [(b.recv, 1)]
     elif b.op == "reduce":
-        expected = [(b.recv, total if rank == 0 else rank + 1)]
+        expected = [(b.recv, total)] if rank == 0 else []  # others' buffers may serve as scratch
     elif b.op == "all_gather":
         expected = [(c, j + 1) for j, c in enumerate(b.recv_chunks)]
     elif b.op == "reduce_scatter":
