@@ -140,6 +140,21 @@ def _mpi_specific(rank: int, size: int) -> dict[str, Any]:
             pg.recv(buf, 0, tag=t)
             got[t] = int(buf[0])
         out["tags"] = got == {t: i for i, t in enumerate(tags)}
+    # a receive buffer of the wrong size is a clear error, larger or smaller
+    from procgroup.errors import InvalidArrayError
+
+    if rank == 0:
+        pg.send(np.ones(3), 1, tag=11)
+        pg.send(np.ones(1), 1, tag=12)
+    elif rank == 1:
+        sizes = {}
+        for tag in (11, 12):
+            try:
+                pg.recv(np.zeros(2), 0, tag=tag)
+                sizes[tag] = "no error"
+            except InvalidArrayError as exc:
+                sizes[tag] = str(exc)
+        out["sizes"] = sizes
     # the default algorithms (send/recv on tags >= 2**40) route through the collective comm
     arr = np.full(1001, rank + 1, dtype=np.float64)
     DataChannel.all_reduce(ch, arr, ReduceOp.SUM)
@@ -198,6 +213,8 @@ def test_mpi_specific_checks() -> None:
         assert res["mask"] <= res["tag_ub"] < 2 * res["mask"] + 1, res
         if rank == 1:
             assert res["tags"] is True
+            assert "larger than the receive buffer" in res["sizes"][11], res["sizes"]
+            assert "has 1 elements" in res["sizes"][12] and "sizes must match" in res["sizes"][12], res["sizes"]
         assert res["generic"] is True and res["layouts"] is True, res
         assert res["f16"] == {"SUM": size * (size + 1) / 2, "PRODUCT": float(np.prod(np.arange(1, size + 1))),
                               "MIN": 1.0, "MAX": float(size), "AVG": (size + 1) / 2}, res
