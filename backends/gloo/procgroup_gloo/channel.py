@@ -13,8 +13,9 @@ complex products) use the core's algorithms over that side channel.
 Timeouts: gloo's own context timeout is fixed at 30 s (pygloo cannot set it). When the
 channel's timeout is shorter, each collective first checks over the side channel that
 every rank arrived (option ``arrival_check``), so the caller's timeout holds and the
-error names the missing ranks. A failed gloo call closes this rank's gloo connections
-(peers blocked on it fail at once instead of after 30 s) and breaks the channel.
+error names the missing ranks; ``barrier`` always works that way. A failed gloo call
+closes this rank's gloo connections (peers blocked on it fail at once instead of after
+30 s) and breaks the channel.
 """
 
 from __future__ import annotations
@@ -99,16 +100,19 @@ class GlooChannel(DataChannel):
 
     def _call(self, op: str, fn: Callable[..., None], *args: Any) -> None:
         """Run one pygloo collective; turn gloo's RuntimeError into procgroup's errors."""
-        if self._closed:
-            raise ChannelClosedError("the gloo channel is closed (destroy_process_group was called)")
-        if self._broken is not None:
-            raise self._broken
+        self._usable()
         if self._check_arrival:
             self._arrive(op)
         try:
             fn(self._context, *args)
         except RuntimeError as exc:
             raise self._fail(op, exc) from exc
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise ChannelClosedError("the gloo channel is closed (destroy_process_group was called)")
+        if self._broken is not None:
+            raise self._broken
 
     def _arrive(self, op: str) -> None:
         """Return once every rank entered this collective; else time out naming the absent."""
@@ -141,8 +145,9 @@ class GlooChannel(DataChannel):
             err = PeerError(f"{op}: {peer_error} (gloo: {detail})", rank=getattr(peer_error, "rank", None))
         elif "timed out" in detail.lower() or "timeout" in detail.lower():
             err = CommTimeoutError(
-                f"{op}: gloo made no progress within its {_options.GLOO_TIMEOUT:g}s context timeout "
-                f"(a rank did not join, or is stuck): {detail}", op=op,
+                f"{op}: gloo made no progress within its fixed {_options.GLOO_TIMEOUT:g}s context timeout "
+                f"(a rank did not join, or is stuck; to wait up to the procgroup timeout instead, set "
+                f"{_options.ENV_ARRIVAL_CHECK}=always): {detail}", op=op,
             )
         else:
             err = PeerError(f"{op}: gloo failed: {detail}")
@@ -181,7 +186,7 @@ class GlooChannel(DataChannel):
         plan = reduce_plan(array.dtype, op)
         if plan is None:
             return super().all_reduce(array, op)
-        a = flat(array, plan.view)
+        a = array if plan.view is None else flat(array, plan.view)
         p = address(a)
         self._call("all_reduce", self._pg.allreduce, p, p, a.size, plan.gloo_dtype, plan.gloo_op,
                    self._algorithm, self._next_tag())
@@ -256,9 +261,16 @@ class GlooChannel(DataChannel):
             finish_average(ReduceOp.AVG, output, self.size)
 
     def barrier(self) -> None:
+        """Every rank tells every other one it arrived, over the side channel.
+
+        Not gloo's barrier: a barrier is where ranks wait for a slow one (a checkpoint
+        write, ...), and gloo gives up after its fixed 30 s; this waits up to the
+        channel's timeout without holding the GIL and names the ranks that never came.
+        """
         if self.size == 1:
             return
-        self._call("barrier", self._pg.barrier, self._next_tag())
+        self._usable()
+        self._arrive("barrier")
 
     # ------------------------------------------------------------------ groups
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
