@@ -1,0 +1,158 @@
+"""procgroup-bench: output shape only (a benchmark is a tool, never a timed test).
+
+One tiny sweep (2 ranks over tcp, 2 sizes, few iterations) is run once per module as a
+real job of real processes; the checks read its table, JSON, CSV and plot. No check
+looks at how fast anything was, only that every number is there and consistent.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from procgroup.bench._options import parse_options
+from procgroup.bench._report import COLUMNS
+from procgroup.bench._sweep import OPS, bandwidths, parse_size, size_sweep
+from procgroup.errors import InvalidArgumentError
+
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+OPS_RUN = ["all_reduce", "all_gather", "pingpong"]
+SIZES = [1024, 65536]
+JOB_TIMEOUT = 240
+
+
+def _bench(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "procgroup.bench", *args], capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT, stdin=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Run the tool once: -n 2 on tcp, two sizes, three ops, every output format."""
+    out = tmp_path_factory.mktemp("bench")
+    args = ["-n", "2", "--backend", "tcp", "--op", ",".join(OPS_RUN), "--sizes", "1K,64K",
+            "--iters", "3", "--warmup", "1", "--timeout", "60", "--job-timeout", "200",
+            "--json", str(out / "r.json"), "--csv", str(out / "r.csv")]
+    if HAS_MATPLOTLIB:
+        args += ["--plot", str(out / "r.png")]
+    proc = _bench(args)
+    assert proc.returncode == 0, f"procgroup-bench failed:\n{proc.stdout}\n{proc.stderr}"
+    return {"proc": proc, "dir": out}
+
+
+def test_table_printed(sweep: dict[str, object]) -> None:
+    proc = sweep["proc"]
+    assert isinstance(proc, subprocess.CompletedProcess)
+    text = proc.stdout
+    assert "procgroup-bench: 2 ranks" in text
+    for op in OPS_RUN:
+        assert f"## {op}" in text
+    for header in ("size", "variant", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "ratio"):
+        assert header in text
+    rows = [line.split() for line in text.splitlines() if line.strip().split()[1:2] == ["KiB"]]
+    assert len(rows) == len(OPS_RUN) * len(SIZES)
+    assert all(r[2] == "tcp" for r in rows)
+    assert "n/a" not in text
+    # the progress bar goes to stderr, never into the table
+    assert "[" in proc.stderr and "/" in proc.stderr
+    assert "[#" not in text
+
+
+def test_json_columns_and_values(sweep: dict[str, object]) -> None:
+    data = json.loads((Path(str(sweep["dir"])) / "r.json").read_text())
+    meta, results = data["meta"], data["results"]
+    assert data["columns"] == COLUMNS
+    assert meta["world_size"] == 2 and meta["variants"] == ["tcp"] and meta["reference"] == "tcp"
+    assert meta["launcher"].startswith("procgroup-bench -n 2")
+    assert "max over ranks" in meta["timing"] and "median" in meta["timing"]
+    assert {(r["op"], r["nbytes"]) for r in results} == {(op, s) for op in OPS_RUN for s in SIZES}
+    for r in results:
+        assert set(r) == set(COLUMNS)
+        assert r["status"] == "ok" and r["variant"] == "tcp" and r["iters"] == 3
+        assert 0 < r["min_us"] <= r["time_us"] <= r["max_us"]
+        algbw, busbw = bandwidths(r["op"], r["nbytes"], r["time_us"] / 1e6, 2)
+        assert math.isclose(r["algbw_gbps"], algbw, rel_tol=1e-9)
+        assert math.isclose(r["busbw_gbps"], busbw, rel_tol=1e-9)
+        assert r["ratio"] == 1.0  # the only variant is its own reference
+        assert r["count"] * 4 == r["nbytes"] and r["dtype"] == "float32"
+
+
+def test_csv_matches_json(sweep: dict[str, object]) -> None:
+    d = Path(str(sweep["dir"]))
+    with open(d / "r.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == COLUMNS
+        rows = list(reader)
+    results = json.loads((d / "r.json").read_text())["results"]
+    assert len(rows) == len(results)
+    for row, r in zip(rows, results):
+        assert (row["op"], row["variant"], int(row["nbytes"])) == (r["op"], r["variant"], r["nbytes"])
+        assert math.isclose(float(row["time_us"]), r["time_us"], rel_tol=1e-9)
+
+
+def test_plot_written(sweep: dict[str, object]) -> None:
+    if not HAS_MATPLOTLIB:
+        pytest.skip("matplotlib is not installed (it is the procgroup[bench] extra); --plot not exercised")
+    png = Path(str(sweep["dir"])) / "r.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_under_procgroup_run_it_does_not_spawn(tmp_path: Path) -> None:
+    """Started by a launcher (RANK/WORLD_SIZE set), each process is one rank of that job."""
+    run = shutil.which("procgroup-run", path=os.path.dirname(sys.executable)) or shutil.which("procgroup-run")
+    if run is None:
+        pytest.skip("procgroup-run is not on PATH")
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [run, "-n", "2", "--no-prefix", "--timeout", "200", "-m", "procgroup.bench", "--sizes", "4K",
+         "--iters", "2", "--warmup", "1", "-q", "--json", str(out)],
+        capture_output=True, text=True, timeout=JOB_TIMEOUT, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["world_size"] == 2
+    assert meta["launcher"] == "external (RANK/WORLD_SIZE set)"
+    assert proc.stdout.count("## all_reduce") == 1  # only rank 0 prints the table
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--op", "allreduce,nope"], "unknown op 'nope'"),
+    (["--max-bytes", "12Q"], "bad size '12Q'"),
+    (["--min-bytes", "1M", "--max-bytes", "1K"], "below --min-bytes"),
+    (["--factor", "1"], "--factor must be greater than 1"),
+    (["--iters", "0"], "--iters must be at least 1"),
+    (["--compare", "tensorflow"], "choose torch and/or raw"),
+    (["--timeout", "-3"], "--timeout must be positive"),
+])
+def test_bad_options_are_clear_errors(args: list[str], words: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=words):
+        parse_options(args)
+
+
+def test_bad_option_exits_before_spawning() -> None:
+    proc = _bench(["-n", "2", "--op", "nope"])
+    assert proc.returncode == 2
+    assert "procgroup-bench: error: unknown op 'nope'" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_sweep_and_bandwidth_definitions() -> None:
+    assert parse_size("256M") == 256 * 2**20 and parse_size("8") == 8 and parse_size("1KiB") == 1024
+    assert size_sweep(8, parse_size("256M"), 4)[-1] == 128 * 2**20
+    assert size_sweep(16, 64 * 2**20, 4) == [16 * 4**k for k in range(12)]
+    n, nbytes, secs = 4, 10**9, 2.0
+    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+               "all_to_all": (n - 1) / n, "broadcast": 1.0, "reduce": 1.0, "pingpong": 1.0}
+    assert set(factors) == set(OPS)
+    for op, factor in factors.items():
+        algbw, busbw = bandwidths(op, nbytes, secs, n)
+        assert math.isclose(algbw, nbytes / secs / 1e9)
+        assert math.isclose(busbw, algbw * factor)
