@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from procgroup.bench._options import parse_options
 from procgroup.bench._report import COLUMNS
 from procgroup.bench._sweep import OPS, bandwidths, parse_size, size_sweep
@@ -32,7 +31,7 @@ JOB_TIMEOUT = 240
 
 def _bench(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "procgroup.bench", *args], capture_output=True, text=True,
-                          timeout=JOB_TIMEOUT, stdin=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
+                          check=False, timeout=JOB_TIMEOUT, stdin=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +114,7 @@ def test_under_procgroup_run_it_does_not_spawn(tmp_path: Path) -> None:
     proc = subprocess.run(
         [run, "-n", "2", "--no-prefix", "--timeout", "200", "-m", "procgroup.bench", "--sizes", "4K",
          "--iters", "2", "--warmup", "1", "-q", "--json", str(out)],
-        capture_output=True, text=True, timeout=JOB_TIMEOUT, stdin=subprocess.DEVNULL)
+        capture_output=True, text=True, check=False, timeout=JOB_TIMEOUT, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     meta = json.loads(out.read_text())["meta"]
     assert meta["world_size"] == 2

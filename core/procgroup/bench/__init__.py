@@ -11,7 +11,7 @@ table on stdout, optional ``--json``, ``--csv`` and ``--plot`` (matplotlib, the
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from procgroup.errors import ProcGroupError
 

@@ -95,13 +95,13 @@ def spawn_job(opts: Options, argv: list[str]) -> int:
             mpiexec = mpiexec_path()
             assert mpiexec is not None
             procs.append(subprocess.Popen([mpiexec, "-n", str(opts.nprocs), *cmd], env=env,
-                                          stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent))
+                                          stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent))  # noqa: PLW1509 - no threads here
         else:
             for r in range(opts.nprocs):
                 renv = dict(env, RANK=str(r), WORLD_SIZE=str(opts.nprocs), LOCAL_RANK=str(r),
                             LOCAL_WORLD_SIZE=str(opts.nprocs))
                 procs.append(subprocess.Popen(cmd, env=renv, stdin=subprocess.DEVNULL,
-                                              preexec_fn=_die_with_parent))
+                                              preexec_fn=_die_with_parent))  # noqa: PLW1509 - no threads here
         return _wait(procs, opts.job_timeout)
     except KeyboardInterrupt:
         print("procgroup-bench: interrupted; stopping the ranks", file=sys.stderr)

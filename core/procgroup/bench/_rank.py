@@ -20,8 +20,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,17 @@ from . import _raw, _torch
 from ._options import Options
 from ._progress import Progress
 from ._report import Record, fill_ratios, print_table, write_csv, write_json
-from ._sweep import OPS, Buffers, format_size, auto_iters, auto_warmup, bandwidths, check_result, fill_for_check, make_buffers
+from ._sweep import (
+    OPS,
+    Buffers,
+    auto_iters,
+    auto_warmup,
+    bandwidths,
+    check_result,
+    fill_for_check,
+    format_size,
+    make_buffers,
+)
 from ._variants import Call, ProcGroupVariant, Variant
 
 log = logging.getLogger(__name__)
@@ -172,7 +183,7 @@ def connect_variants(opts: Options, control: str, rank: int, n: int, shared_dir:
         err = None
         try:
             variant = connect()
-        except Exception as exc:  # noqa: BLE001 - any failure becomes a note, agreed by all ranks
+        except Exception as exc:
             log.debug("connecting %s failed", label, exc_info=True)
             err = _one_line(exc)
         why = _agree(err)
@@ -196,7 +207,7 @@ def _one_line(exc: BaseException) -> str:
 def _close_quietly(v: Variant) -> None:
     try:
         v.close()
-    except Exception:  # noqa: BLE001 - teardown goes on
+    except Exception:
         log.debug("closing %s failed", v.label, exc_info=True)
 
 
@@ -216,7 +227,7 @@ def _first_calls(v: Variant, p: Point, b: Buffers, rank: int, n: int, check: boo
                 err = f"wrong result at {p.nbytes} bytes: {err}"
         b.send[...] = 0  # zeros stay zeros however often they are summed
         b.recv[...] = 0
-    except Exception as exc:  # noqa: BLE001 - e.g. an op a comparison library lacks
+    except Exception as exc:
         log.debug("%s %s failed", v.label, p.op, exc_info=True)
         err = _one_line(exc)
     return call, _agree(err)

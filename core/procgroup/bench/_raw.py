@@ -14,7 +14,6 @@ import logging
 import os
 import socket
 
-
 from ._sweep import Buffers
 from ._variants import Call, Variant, pingpong_call
 
@@ -95,7 +94,7 @@ class RawPyglooVariant(Variant):
     label = "raw-pygloo"
 
     def __init__(self, rank: int, world_size: int, host: str, shared_dir: str, timeout: float) -> None:
-        import pygloo
+        import pygloo  # type: ignore[import-not-found, unused-ignore]
 
         self._pygloo = pygloo
         ctx = pygloo.rendezvous.Context(rank, world_size)

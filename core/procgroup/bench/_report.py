@@ -5,8 +5,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
 
 from ._sweep import OPS, format_size
 
@@ -40,8 +41,7 @@ def fill_ratios(records: list[Record], reference: str) -> None:
     ref = {(r.op, r.nbytes): r.time_us for r in records if r.variant == reference and r.status == "ok"}
     for r in records:
         base = ref.get((r.op, r.nbytes))
-        ok = r.status == "ok" and base is not None and base > 0
-        r.ratio = r.time_us / base if ok else math.nan
+        r.ratio = r.time_us / base if r.status == "ok" and base is not None and base > 0 else math.nan
 
 
 def _num(x: float, fmt: str) -> str:
@@ -71,8 +71,7 @@ def print_table(records: list[Record], meta: dict[str, Any], out: TextIO) -> Non
     notes = meta.get("notes") or []
     if notes:
         out.write("\n")
-        for note in notes:
-            out.write(f"# note: {note}\n")
+        out.writelines(f"# note: {note}\n" for note in notes)
     out.flush()
 
 

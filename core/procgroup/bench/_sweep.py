@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -107,7 +107,7 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
         raise InvalidArgumentError(f"--factor must be greater than 1, got {factor}")
     sizes, size = [], float(min_bytes)
     while size <= max_bytes * (1 + 1e-9):
-        sizes.append(int(round(size)))
+        sizes.append(round(size))
         size *= factor
     return sizes
 
@@ -133,7 +133,7 @@ def effective_sizes(op: str, sizes: list[int], world_size: int, itemsize: int) -
 
 def auto_iters(nbytes: int) -> int:
     """Timed iterations when --iters is not given: many for small sizes, 5 for the largest."""
-    return int(min(50, max(5, 2**28 // max(nbytes, 1))))
+    return min(50, max(5, 2**28 // max(nbytes, 1)))
 
 
 def auto_warmup(iters: int) -> int:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import procgroup as pg
 
@@ -19,7 +20,7 @@ from ._sweep import Buffers
 log = logging.getLogger(__name__)
 
 #: One call of the op under test; returns once the op is complete on this rank.
-Call = Callable[[], None]
+Call = Callable[[], object]
 
 
 class Variant(abc.ABC):
