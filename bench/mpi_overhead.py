@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def _under_mpiexec() -> bool:
@@ -43,9 +43,8 @@ def main(argv: list[str]) -> None:
         sys.exit(_relaunch(argv))
 
     import numpy as np
-    from mpi4py import MPI
-
     import procgroup as pg
+    from mpi4py import MPI
 
     pg.init_process_group("mpi", timeout=120)
     comm = MPI.COMM_WORLD.Dup()
@@ -62,8 +61,10 @@ def main(argv: list[str]) -> None:
     def ours(a: np.ndarray) -> None:
         pg.all_reduce(a)
 
-    channel = pg._api._resolve(None).channel  # noqa: SLF001 - the backend alone, without the core's checks
-    SUM = pg.ReduceOp.SUM  # noqa: N806
+    channel = pg._api._resolve(None).channel
+    if channel is None:
+        raise SystemExit("procgroup's world group has no channel")
+    SUM = pg.ReduceOp.SUM
 
     def backend(a: np.ndarray) -> None:
         channel.all_reduce(a, SUM)
@@ -105,9 +106,13 @@ def main(argv: list[str]) -> None:
               "| channel/raw time | procgroup/raw time | procgroup/raw bandwidth |")
         print("|---|---|---|---|---|---|---|---|")
         for label, med in rows:
-            fmt = (lambda s: f"{s * 1e6:.2f} us") if label == "8 B" else (lambda s: f"{s * 1e3:.2f} ms")
             nbytes = 8 if label == "8 B" else 64 * 2**20
-            bw = lambda s: nbytes / s / 2**30  # noqa: E731
+
+            def fmt(s: float, small: bool = label == "8 B") -> str:
+                return f"{s * 1e6:.2f} us" if small else f"{s * 1e3:.2f} ms"
+
+            def bw(s: float, nbytes: int = nbytes) -> float:
+                return nbytes / s / 2**30
             print(f"| {label} | {fmt(med['raw'])} ({bw(med['raw']):.3g} GiB/s) | {fmt(med['raw_poll'])} | "
                   f"{fmt(med['backend'])} | {fmt(med['procgroup'])} ({bw(med['procgroup']):.3g} GiB/s) | "
                   f"{med['backend'] / med['raw']:.2f}x | {med['procgroup'] / med['raw']:.2f}x | "

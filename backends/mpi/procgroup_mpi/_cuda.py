@@ -38,7 +38,7 @@ def cuda_aware() -> bool:
         query.restype = ctypes.c_int
         try:
             answer = bool(query())
-        except Exception:  # noqa: BLE001 - an odd library just means "no"
+        except Exception:
             log.debug("MPIX_Query_cuda_support failed in %s", path, exc_info=True)
             continue
         log.debug("%s: MPIX_Query_cuda_support() = %s", path, answer)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
-
 from procgroup.errors import UnsupportedOperationError
 from procgroup.ops import ReduceOp
 
@@ -58,7 +58,7 @@ _FLOAT16_UFUNCS: dict[ReduceOp, Callable[..., Any]] = {
 _FLOAT16 = np.dtype(np.float16)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mpi_datatype(dtype: np.dtype) -> Any:
     """The predefined MPI datatype that carries ``dtype`` (float16: a 2-byte integer)."""
     if dtype == _FLOAT16:
@@ -80,7 +80,7 @@ def _float16_op(ufunc: Callable[..., Any]) -> Any:
     return MPI.Op.Create(reduce_f16, commute=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mpi_op(op: ReduceOp, dtype: np.dtype) -> Any:
     """The MPI op computing ``op`` on ``dtype`` (the core already checked they fit)."""
     if dtype.kind == "b":

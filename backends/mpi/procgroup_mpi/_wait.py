@@ -24,10 +24,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from mpi4py import MPI
-
 from procgroup.channel import Work
 from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
 

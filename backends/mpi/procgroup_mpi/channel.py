@@ -24,13 +24,23 @@ Communicators. The world channel duplicates ``COMM_WORLD``; ``new_group`` makes
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
-
-from procgroup.channel import COLLECTIVE_TAG_BASE, ChannelContext, CompletedWork, DataChannel, Work
-from procgroup.errors import ChannelClosedError, CommTimeoutError, InvalidArgumentError, InvalidArrayError
+from procgroup.channel import (
+    COLLECTIVE_TAG_BASE,
+    ChannelContext,
+    DataChannel,
+    Work,
+)
+from procgroup.errors import (
+    ChannelClosedError,
+    CommTimeoutError,
+    InvalidArgumentError,
+    InvalidArrayError,
+)
 from procgroup.ops import ReduceOp, finish_average
 
 from . import _abort, _cuda
@@ -68,6 +78,12 @@ def _spread(arrays: Sequence[Any], readonly: bool) -> list[Any]:
     return [buf, (sizes, [a - base for a in addrs]), _BYTE]
 
 
+def _tag_ub() -> int:
+    """MPI_TAG_UB, an attribute of COMM_WORLD (at least 32767 by the standard)."""
+    value = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    return int(value) if isinstance(value, int) else 32767
+
+
 def _is_adjacent(arrays: Sequence[Any]) -> bool:
     """True when the arrays lie back to back in order (views of one buffer)."""
     addr = _address(arrays[0])
@@ -93,7 +109,7 @@ class MpiChannel(DataChannel):
         super().__init__(ctx)
         self._pending: list[Any] = []  # requests abandoned at a timeout; keeps buffers alive
         self._comm = comm if comm is not None else self._base_comm(ctx)
-        ub = int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
+        ub = _tag_ub()
         self._bits = (ub + 1).bit_length() - 1
         self._mask = (1 << self._bits) - 1
         n_tag_comms = min(MAX_TAG_COMMS, -(-_USER_TAG_LIMIT // (self._mask + 1)))
@@ -129,7 +145,7 @@ class MpiChannel(DataChannel):
                 and members[ctx.rank] == wrank):
             group = world.Get_group().Incl(members)
             try:
-                return world.Create_group(group, tag=ctx.group_id % (int(world.Get_attr(MPI.TAG_UB)) + 1))
+                return world.Create_group(group, tag=ctx.group_id % (_tag_ub() + 1))
             finally:
                 group.Free()
         raise InvalidArgumentError(
@@ -276,7 +292,7 @@ class MpiChannel(DataChannel):
     def _concatenate(self, arrays: Sequence[Any]) -> Any:
         if all(isinstance(a, np.ndarray) for a in arrays):
             return np.concatenate([a.reshape(-1) for a in arrays])
-        import cupy  # noqa: PLC0415 - CUDA-aware MPI only
+        import cupy
 
         return cupy.concatenate([cupy.asarray(a).reshape(-1) for a in arrays])
 
@@ -349,7 +365,7 @@ class MpiChannel(DataChannel):
         getattr(self, op)(*args)
 
     # ------------------------------------------------------------------ groups
-    def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> "MpiChannel":
+    def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> MpiChannel:
         """A channel over ``MPI_Comm_create_group`` of the members (only they call it)."""
         self._check()
         group = self._comm.Get_group().Incl(list(ranks))
