@@ -69,7 +69,11 @@ def needs_mpiexec(opts: Options) -> bool:
 
 
 def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the spawner dies, so no rank outlives a killed run."""
+    """In the child: get SIGTERM when the spawner dies, so no rank outlives a killed run.
+
+    The ranks also get a session of their own, so Ctrl-C reaches only the spawner, which
+    then stops them cleanly (no traceback per rank).
+    """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -95,12 +99,13 @@ def spawn_job(opts: Options, argv: list[str]) -> int:
             mpiexec = mpiexec_path()
             assert mpiexec is not None
             procs.append(subprocess.Popen([mpiexec, "-n", str(opts.nprocs), *cmd], env=env,
-                                          stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent))  # noqa: PLW1509 - no threads here
+                                          stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=_die_with_parent))  # noqa: PLW1509 - no threads here
         else:
             for r in range(opts.nprocs):
                 renv = dict(env, RANK=str(r), WORLD_SIZE=str(opts.nprocs), LOCAL_RANK=str(r),
                             LOCAL_WORLD_SIZE=str(opts.nprocs))
-                procs.append(subprocess.Popen(cmd, env=renv, stdin=subprocess.DEVNULL,
+                procs.append(subprocess.Popen(cmd, env=renv, stdin=subprocess.DEVNULL, start_new_session=True,
                                               preexec_fn=_die_with_parent))  # noqa: PLW1509 - no threads here
         return _wait(procs, opts.job_timeout)
     except KeyboardInterrupt:
