@@ -242,6 +242,9 @@ def _devices(g: Group) -> tuple[str, ...]:
 
 
 def _prepare(g: Group, array: Any, name: str, op: str, *, writable: bool) -> _Prepared:
+    if type(array) is np.ndarray and arrays.CPU in g.spec.devices and array.flags.c_contiguous \
+            and (array.flags.writeable or not writable) and array.dtype.kind in "biufc":
+        return _Prepared(array, array, False, array.dtype, array.size)  # the common case, fast
     device = arrays.device_of(array)
     devices = _devices(g)
     if device == arrays.CUDA:

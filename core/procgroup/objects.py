@@ -24,6 +24,16 @@ def _from_bytes(buf: np.ndarray, size: int) -> Any:
     return pickle.loads(buf[:size].tobytes())  # noqa: S301 - peers of one job trust each other
 
 
+def _pickle_padded(obj: Any, g: Any) -> tuple[list[int], np.ndarray]:
+    """Every member's pickle size, and this member's pickle padded to the largest."""
+    data = _to_bytes(obj)
+    sizes = [np.zeros(1, dtype=np.int64) for _ in range(g.size)]
+    _api.all_gather(sizes, np.array([data.size], dtype=np.int64), group=g)
+    padded = np.zeros(int(max(s[0] for s in sizes)), dtype=np.uint8)
+    padded[: data.size] = data
+    return [int(s[0]) for s in sizes], padded
+
+
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     """object_list[i] becomes member i's ``obj``, on every member."""
     g = _api.host_group(_api._member(group, "all_gather_object"))
@@ -31,16 +41,11 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
         raise InvalidArgumentError(
             f"all_gather_object: object_list must be a list of {g.size} entries (one per rank)"
         )
-    data = _to_bytes(obj)
-    sizes = [np.zeros(1, dtype=np.int64) for _ in range(g.size)]
-    _api.all_gather(sizes, np.array([data.size], dtype=np.int64), group=g)
-    longest = int(max(s[0] for s in sizes))
-    padded = np.zeros(longest, dtype=np.uint8)
-    padded[: data.size] = data
-    outs = [np.empty(longest, dtype=np.uint8) for _ in range(g.size)]
+    sizes, padded = _pickle_padded(obj, g)
+    outs = [np.empty(padded.size, dtype=np.uint8) for _ in range(g.size)]
     _api.all_gather(outs, padded, group=g)
     for i in range(g.size):
-        object_list[i] = _from_bytes(outs[i], int(sizes[i][0]))
+        object_list[i] = _from_bytes(outs[i], sizes[i])
 
 
 def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int = 0, group: Any = None) -> None:
@@ -51,17 +56,12 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
         raise InvalidArgumentError(
             f"gather_object: dst must pass object_gather_list, a list of {g.size} entries"
         )
-    data = _to_bytes(obj)
-    sizes = [np.zeros(1, dtype=np.int64) for _ in range(g.size)]
-    _api.all_gather(sizes, np.array([data.size], dtype=np.int64), group=g)
-    longest = int(max(s[0] for s in sizes))
-    padded = np.zeros(longest, dtype=np.uint8)
-    padded[: data.size] = data
-    outs = [np.empty(longest, dtype=np.uint8) for _ in range(g.size)] if g.rank == root else None
+    sizes, padded = _pickle_padded(obj, g)
+    outs = [np.empty(padded.size, dtype=np.uint8) for _ in range(g.size)] if g.rank == root else None
     _api.gather(padded, outs, dst=dst, group=g)
     if outs is not None and object_gather_list is not None:
         for i in range(g.size):
-            object_gather_list[i] = _from_bytes(outs[i], int(sizes[i][0]))
+            object_gather_list[i] = _from_bytes(outs[i], sizes[i])
 
 
 def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = None) -> None:

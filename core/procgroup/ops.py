@@ -33,8 +33,24 @@ _BITWISE = {ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR}
 _ORDERED = {ReduceOp.MIN, ReduceOp.MAX}
 
 
+_checked: set[tuple[ReduceOp, np.dtype]] = set()
+
+
 def check_op_dtype(op: ReduceOp, dtype: Any) -> None:
-    """Raise a clear error when ``op`` is not defined for ``dtype``; call before sending."""
+    """Raise a clear error when ``op`` is not defined for ``dtype``; call before sending.
+
+    Combinations that passed once are remembered: this runs on every reducing call.
+    """
+    try:
+        if (op, dtype) in _checked:
+            return
+    except TypeError:
+        pass  # unhashable op: the checks below say what is wrong
+    _check_op_dtype(op, dtype)
+    _checked.add((op, dtype))
+
+
+def _check_op_dtype(op: ReduceOp, dtype: Any) -> None:
     if not isinstance(op, ReduceOp):
         raise UnsupportedOperationError(
             f"op must be a procgroup.ReduceOp, got {op!r} ({type(op).__name__})"
