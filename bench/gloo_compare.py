@@ -25,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"8 B": 8, "4 MiB": 4 << 20, "64 MiB": 64 << 20}
@@ -57,7 +57,6 @@ def _time_loop(step: Callable[[], None], nbytes: int) -> list[float]:
 
 def _worker_procgroup(rank: int, size: int, rdv: str, sizes: list[int]) -> dict[int, list[float]]:
     import numpy as np
-
     import procgroup as pg
 
     pg.init_process_group("gloo", f"file://{rdv}", rank=rank, world_size=size)
@@ -65,7 +64,7 @@ def _worker_procgroup(rank: int, size: int, rdv: str, sizes: list[int]) -> dict[
         out = {}
         for nbytes in sizes:
             arr = np.ones(nbytes // 4, dtype=np.float32)
-            out[nbytes] = _time_loop(lambda: pg.all_reduce(arr), nbytes)
+            out[nbytes] = _time_loop(lambda arr=arr: pg.all_reduce(arr), nbytes)
             pg.barrier()
         return out
     finally:
@@ -86,8 +85,8 @@ def _worker_pygloo(rank: int, size: int, rdv: str, sizes: list[int]) -> dict[int
         arr = np.ones(nbytes // 4, dtype=np.float32)
         ptr = arr.ctypes.data
 
-        def step() -> None:
-            pygloo.allreduce(ctx, ptr, ptr, arr.size, f32, add, ring)
+        def step(ptr: int = ptr, count: int = arr.size) -> None:
+            pygloo.allreduce(ctx, ptr, ptr, count, f32, add, ring)
 
         out[nbytes] = _time_loop(step, nbytes)
         pygloo.barrier(ctx)
@@ -103,7 +102,7 @@ def _worker_torch(rank: int, size: int, rdv: str, sizes: list[int]) -> dict[int,
         out = {}
         for nbytes in sizes:
             t = torch.ones(nbytes // 4, dtype=torch.float32)
-            out[nbytes] = _time_loop(lambda: dist.all_reduce(t), nbytes)
+            out[nbytes] = _time_loop(lambda t=t: dist.all_reduce(t), nbytes)
             dist.barrier()
         return out
     finally:
@@ -151,7 +150,7 @@ def _torch_python(given: str | None) -> str | None:
                                                str(ROOT / ".venv-torch" / "bin" / "python")]:
         if cand and os.path.exists(cand):
             ok = subprocess.run([cand, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
-                                capture_output=True, timeout=120).returncode == 0
+                                capture_output=True, timeout=120, check=False).returncode == 0
             if ok:
                 return cand
     return None

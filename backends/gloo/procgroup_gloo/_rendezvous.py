@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
-
 from procgroup.channel import ChannelContext, DataChannel
 from procgroup.errors import CommTimeoutError, ProcGroupError, RendezvousError
 

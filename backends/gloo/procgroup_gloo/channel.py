@@ -23,13 +23,18 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
-
 from procgroup._netif import choose_address
 from procgroup.channel import ChannelContext, DataChannel, Work
-from procgroup.errors import ChannelClosedError, CommTimeoutError, PeerError, ProcGroupError
+from procgroup.errors import (
+    ChannelClosedError,
+    CommTimeoutError,
+    PeerError,
+    ProcGroupError,
+)
 from procgroup.ops import ReduceOp, finish_average
 
 from . import _options
