@@ -23,10 +23,6 @@ class TestMpiConformance(ConformanceSuite):
     launcher = "mpiexec"
     init_method = None  # discover_world: mpiexec says rank and size
     survivors_raise = False  # a dead rank makes mpiexec end the whole job
-    unsupported: ClassVar[dict[str, str]] = {
-        "side_group": "without init_method the Store is process-local (HashStore), so a tcp side "
-                      "group cannot meet; covered by test_file_rendezvous_side_group below",
-    }
 
 
 # ----------------------------------------------------------------------------- mpi-specific

@@ -98,7 +98,7 @@ def init_process_group(
 
 def _meet(settings: config.InitSettings, cls: type[DataChannel], store: Any) -> tuple[int, int, Any, str | None]:
     """Find rank, size and a Store: from ``store``, the backend itself, or the init method."""
-    from .rendezvous import HashStore, rendezvous
+    from .rendezvous import rendezvous
 
     if store is not None:
         if settings.init_method is not None:
@@ -117,7 +117,7 @@ def _meet(settings: config.InitSettings, cls: type[DataChannel], store: Any) -> 
                     f"init_process_group: argument {name}={given} contradicts the {cls.backend_name} "
                     f"launcher, which says {name}={actual}"
                 )
-        return rank_, size, HashStore(), None
+        return rank_, size, cls.discover_store(rank_, size, settings.timeout), None
     result = rendezvous(
         settings.init_method or "env://", rank=settings.rank, world_size=settings.world_size,
         group_name=settings.group_name, timeout=settings.timeout,

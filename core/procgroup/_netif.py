@@ -61,7 +61,19 @@ def choose_address(master_addr: str | None, ifname: str | None = None) -> str:
         return _by_spec(spec)
     if master_addr:
         return address_routing_to(master_addr)
-    return "127.0.0.1"
+    return hostname_address()
+
+
+def hostname_address() -> str:
+    """With no master to route to (file://, mpiexec): what this host's name resolves to.
+
+    That is the address a cluster's other nodes know this one by (gloo does the same);
+    loopback when the name does not resolve. PROCGROUP_SOCKET_IFNAME overrides it.
+    """
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def _by_spec(spec: str) -> str:

@@ -215,6 +215,17 @@ class DataChannel(abc.ABC):
         """
         return None
 
+    @classmethod
+    def discover_store(cls, rank: int, size: int, timeout: float) -> "Store":
+        """After :meth:`discover_world`: a Store every rank shares (collective).
+
+        It lets groups on other backends (``new_group(backend="tcp")``) meet. The default
+        is a process-local HashStore, enough for a world of one.
+        """
+        from .rendezvous import HashStore
+
+        return HashStore()
+
     def __init__(self, ctx: ChannelContext) -> None:
         self.ctx = ctx
         self.rank = ctx.rank

@@ -164,7 +164,7 @@ class GlooChannel(DataChannel):
         # TcpChannel keeps the PeerError of a connection that dropped without goodbye
         deadline = time.monotonic() + _PEER_NAMING_GRACE
         while True:
-            broken = getattr(self._root, "_broken", None)
+            broken = getattr(self._root, "failure", None)
             if broken is not None or time.monotonic() >= deadline:
                 return broken
             time.sleep(0.02)

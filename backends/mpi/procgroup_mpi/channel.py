@@ -105,6 +105,23 @@ class MpiChannel(DataChannel):
         world = MPI.COMM_WORLD
         return world.Get_rank(), world.Get_size()
 
+    @classmethod
+    def discover_store(cls, rank: int, size: int, timeout: float) -> Any:
+        """A TCPStore hosted by rank 0, its address broadcast over MPI.
+
+        Side groups on other backends (``new_group(backend="tcp")``) and the nccl/gloo
+        rendezvous need a Store every rank shares, even under plain mpiexec.
+        """
+        from procgroup._netif import choose_address
+        from procgroup.rendezvous import HashStore, TCPStore
+
+        if size == 1:
+            return HashStore()
+        world = MPI.COMM_WORLD
+        store = TCPStore("", 0, is_master=True, timeout=timeout) if rank == 0 else None
+        address = world.bcast((choose_address(None), store.port) if store is not None else None, root=0)
+        return store if store is not None else TCPStore(address[0], address[1], timeout=timeout)
+
     def __init__(self, ctx: ChannelContext, comm: Any = None) -> None:
         super().__init__(ctx)
         self._pending: list[Any] = []  # requests abandoned at a timeout; keeps buffers alive

@@ -131,6 +131,11 @@ class TcpChannel(DataChannel):
         ids = {self.ctx.store.get(f"tcp/host/{r}", timeout=self.timeout).decode() for r in range(self.size)}
         return len(ids) == 1 and me.endswith("|shm")
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that broke the channel (a peer died), or None while it is healthy."""
+        return self._broken
+
     # ---------------------------------------------------------------- helpers
     def _peer(self, rank: int) -> Peer:
         self._raise_if_unusable()
