@@ -87,7 +87,11 @@ def init_process_group(
             rank=rank_, size=size, store=PrefixStore("pg/world", the_store), timeout=settings.timeout,
             master_addr=master_addr, global_ranks=tuple(range(size)), group_id=0,
         )
-        channel = cls(ctx)
+        try:
+            channel = cls(ctx)
+        except BaseException:
+            _close_quietly(the_store)  # a failed connect must not leave rank 0's server up
+            raise
         world = Group(range(size), rank_, channel, spec, group_id=0)
         _state = _State(world=world, store=the_store, timeout=settings.timeout, master_addr=master_addr)
         # a script that just ends still says goodbye, so its peers see "left", not "died"
@@ -107,8 +111,7 @@ def _meet(settings: config.InitSettings, cls: type[DataChannel], store: Any) -> 
             raise InvalidArgumentError("init_process_group: with store=..., rank and world_size must be given")
         _check_rank(settings.rank, settings.world_size, "init_process_group")
         return settings.rank, settings.world_size, store, None
-    discover = getattr(cls, "discover_world", None)
-    found = discover() if discover is not None and settings.init_method is None else None
+    found = cls.discover_world() if settings.init_method is None else None
     if found is not None:
         rank_, size = found
         for name, given, actual in (("world_size", settings.world_size, size), ("rank", settings.rank, rank_)):
@@ -154,14 +157,18 @@ def destroy_process_group(group: Any = None) -> None:
         from .utils import comm
 
         comm._reset_cache()
-        close = getattr(_state.store, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception:  # noqa: BLE001 - teardown must finish
-                log.debug("store close failed", exc_info=True)
+        _close_quietly(_state.store)
         _state = None
         atexit.unregister(destroy_process_group)
+
+
+def _close_quietly(store: Any) -> None:
+    close = getattr(store, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - teardown must finish
+            log.debug("store close failed", exc_info=True)
 
 
 def _close_group(g: Group) -> None:
@@ -319,20 +326,18 @@ class _ThenWork(Work):
 
 def _execute(g: Group, op: str, args: tuple[Any, ...], written: Sequence[_Prepared], async_op: bool) -> Work | None:
     """Run collective ``op`` on ``g``'s channel, now or as a Work; copy staged results back."""
-    channel = g.channel
-    assert channel is not None  # _member() checked it
-    finish = _copy_back(written)
-    staged = any(p.staged for p in written)
+    channel: Any = g.channel  # _member() checked it is there
+    staged = [p for p in written if p.staged]
     try:
         if async_op:
             work = channel.submit(op, *args)
-            return _ThenWork(work, finish) if staged else work
+            return _ThenWork(work, _copy_back(staged)) if staged else work
         channel.run(op, *args)
     except ProcGroupError as exc:
         _name_op(exc, op, g)
         raise
     if staged:
-        finish()
+        _copy_back(staged)()
     return None
 
 
