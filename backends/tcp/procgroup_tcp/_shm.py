@@ -146,23 +146,123 @@ class SharedMemoryArena:
         else:
             self._large_all_reduce(array, op)
 
-    def _small_all_reduce(self, array: np.ndarray, op: ReduceOp) -> None:
-        """Everyone publishes, everyone reduces all slots in rank order: one round trip."""
+    def _small_round(self, payload: np.ndarray | None) -> np.ndarray:
+        """One exchange through the small slots: write ``payload`` (if any), wait for all.
+
+        Returns the slots (n x SMALL_BYTES) to read from. Double-buffered by parity: the
+        buffer used now was last read two rounds ago, so waiting until every rank has
+        reached the previous round makes it free.
+        """
         self._seq += 1
         seq = self._seq
-        nbytes = array.nbytes
-        flat = array.reshape(-1)
-        # the buffer of this parity was last read at seq-2: all must have reached seq-1
-        self._wait_all(_SEQ, seq - 1, "all_reduce")
+        self._wait_all(_SEQ, seq - 1, "collective")
         slots = self.small[seq % 2]
-        slots[self.rank, :nbytes] = flat.view(np.uint8)
+        if payload is not None:
+            slots[self.rank, : payload.nbytes] = payload.reshape(-1).view(np.uint8)
         self.flags[self.rank, _SEQ] = seq
-        self._wait_all(_SEQ, seq, "all_reduce")
-        views = [slots[k, :nbytes].view(flat.dtype) for k in range(self.size)]
+        self._wait_all(_SEQ, seq, "collective")
+        return slots
+
+    def _small_all_reduce(self, array: np.ndarray, op: ReduceOp) -> None:
+        """Everyone publishes, everyone reduces all slots in rank order: one round trip."""
+        flat = array.reshape(-1)
+        slots = self._small_round(flat)
+        views = [slots[k, : flat.nbytes].view(flat.dtype) for k in range(self.size)]
         flat[...] = views[0]
         for k in range(1, self.size):
             reduce_into(op, flat, views[k])
         finish_average(op, flat, self.size)
+
+    def _pieces(self, count: int, itemsize: int, parts: int = 1) -> list[tuple[int, int]]:
+        """Element ranges that fit a large slot ``parts`` times over."""
+        step = max(LARGE_SLOT_BYTES // (itemsize * parts), 1)
+        return [(s, min(s + step, count)) for s in range(0, count, step)]
+
+    def _slot(self, rank: int, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
+        return self.large[rank, offset * dtype.itemsize : (offset + count) * dtype.itemsize].view(dtype)
+
+    def broadcast(self, array: np.ndarray, root: int) -> None:
+        """The root publishes, the others copy; in pieces of one slot."""
+        flat = array.reshape(-1)
+        if flat.nbytes <= SMALL_BYTES:
+            slots = self._small_round(flat if self.rank == root else None)
+            if self.rank != root:
+                flat.view(np.uint8)[...] = slots[root, : flat.nbytes]
+            return
+        for lo, hi in self._pieces(flat.size, flat.itemsize):
+            self._barrier_all()
+            if self.rank == root:
+                self._slot(root, flat.dtype, hi - lo)[...] = flat[lo:hi]
+            self._barrier_all()
+            if self.rank != root:
+                flat[lo:hi] = self._slot(root, flat.dtype, hi - lo)
+
+    def all_gather(self, outputs: list[np.ndarray], array: np.ndarray) -> None:
+        """Everyone publishes its array, everyone copies every slot into its outputs."""
+        flat = array.reshape(-1)
+        outs = [o.reshape(-1) for o in outputs]
+        if flat.nbytes <= SMALL_BYTES:
+            slots = self._small_round(flat)
+            for k in range(self.size):
+                outs[k].view(np.uint8)[...] = slots[k, : flat.nbytes]
+            return
+        for lo, hi in self._pieces(flat.size, flat.itemsize):
+            self._barrier_all()
+            self._slot(self.rank, flat.dtype, hi - lo)[...] = flat[lo:hi]
+            self._barrier_all()
+            for k in range(self.size):
+                outs[k][lo:hi] = self._slot(k, flat.dtype, hi - lo)
+
+    def reduce(self, array: np.ndarray, root: int, op: ReduceOp) -> None:
+        """Everyone publishes; each reduces its chunk in its own slot; the root collects.
+
+        Non-root arrays are only read, never written.
+        """
+        flat = array.reshape(-1)
+        if flat.nbytes <= SMALL_BYTES:
+            slots = self._small_round(flat)
+            if self.rank == root:
+                views = [slots[k, : flat.nbytes].view(flat.dtype) for k in range(self.size)]
+                flat[...] = views[0]
+                for k in range(1, self.size):
+                    reduce_into(op, flat, views[k])
+                finish_average(op, flat, self.size)
+            return
+        for lo, hi in self._pieces(flat.size, flat.itemsize):
+            count = hi - lo
+            bounds = chunk_bounds(count, self.size)
+            slots = [self._slot(k, flat.dtype, count) for k in range(self.size)]
+            self._barrier_all()
+            slots[self.rank][...] = flat[lo:hi]
+            self._barrier_all()
+            c0, c1 = bounds[self.rank], bounds[self.rank + 1]
+            for k in range(self.size):
+                if k != self.rank:
+                    reduce_into(op, slots[self.rank][c0:c1], slots[k][c0:c1])
+            finish_average(op, slots[self.rank][c0:c1], self.size)
+            self._barrier_all()
+            if self.rank == root:
+                for k in range(self.size):
+                    flat[lo + bounds[k] : lo + bounds[k + 1]] = slots[k][bounds[k] : bounds[k + 1]]
+
+    def reduce_scatter(self, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp) -> None:
+        """Each rank publishes what the others reduce; rank r reduces every input[r]."""
+        out = output.reshape(-1)
+        ins = [i.reshape(-1) for i in inputs]
+        n, r = self.size, self.rank
+        for lo, hi in self._pieces(out.size, out.itemsize, parts=n):
+            count = hi - lo
+            self._barrier_all()
+            for j in range(n):
+                if j != r:
+                    self._slot(r, out.dtype, count, offset=j * count)[...] = ins[j][lo:hi]
+            self._barrier_all()
+            acc = out[lo:hi]
+            acc[...] = ins[r][lo:hi]
+            for k in range(n):
+                if k != r:
+                    reduce_into(op, acc, self._slot(k, out.dtype, count, offset=r * count))
+            finish_average(op, acc, n)
 
     def _large_all_reduce(self, array: np.ndarray, op: ReduceOp) -> None:
         """Per piece: publish the chunks others reduce, reduce mine, publish it, copy the rest."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -265,10 +265,36 @@ class TcpChannel(DataChannel):
             raise req.error
 
     # ---------------------------------------------------------------- collectives
+    # Ranks on one host use the shared-memory arena; otherwise the core's algorithms
+    # run over the sockets (all_reduce: a pipelined ring of our own).
     def all_reduce(self, array: Any, op: ReduceOp) -> None:
         from . import _collectives
 
         _collectives.all_reduce(self, array, op, self.next_collective_tag())
+
+    def broadcast(self, array: Any, src: int) -> None:
+        if self._shm is None:
+            super().broadcast(array, src)
+        elif array.size:
+            self._shm.broadcast(array, src)
+
+    def reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
+        if self._shm is None:
+            super().reduce(array, dst, op)
+        elif array.size:
+            self._shm.reduce(array, dst, op)
+
+    def all_gather(self, output_list: Sequence[Any], array: Any) -> None:
+        if self._shm is None:
+            super().all_gather(output_list, array)
+        elif array.size:
+            self._shm.all_gather(list(output_list), array)
+
+    def reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
+        if self._shm is None:
+            super().reduce_scatter(output, input_list, op)
+        elif output.size:
+            self._shm.reduce_scatter(output, list(input_list), op)
 
     # ---------------------------------------------------------------- teardown
     def close(self) -> None:

@@ -210,6 +210,33 @@ def check_all_reduce_large(rank: int, size: int, opts: dict[str, Any]) -> None:
 
 
 @check
+def check_beyond_16mib(rank: int, size: int, opts: dict[str, Any]) -> None:
+    """Arrays just over 16 MiB: transports that work in pieces must stitch them right."""
+    count = BIG_ELEMS + 5
+    arr = data(rank, count, "float32", salt=11)
+    pg.all_reduce(arr, op=ReduceOp.MAX)
+    assert_equal(arr, expected_reduce([data(r, count, "float32", salt=11) for r in range(size)], ReduceOp.MAX),
+                 "all_reduce MAX beyond 16 MiB")
+    arr = data(rank, count, "float32", salt=12)
+    pg.broadcast(arr, size - 1)
+    assert_equal(arr, data(size - 1, count, "float32", salt=12), "broadcast beyond 16 MiB")
+    arr = data(rank, count, "float32", salt=13)
+    pg.reduce(arr, 0)
+    want = expected_reduce([data(r, count, "float32", salt=13) for r in range(size)], ReduceOp.SUM)
+    assert_equal(arr, want if rank == 0 else data(rank, count, "float32", salt=13), "reduce beyond 16 MiB")
+    outs = [np.empty(count, dtype=np.float32) for _ in range(size)]
+    pg.all_gather(outs, data(rank, count, "float32", salt=14))
+    for r in range(size):
+        assert_equal(outs[r], data(r, count, "float32", salt=14), f"all_gather beyond 16 MiB, slot {r}")
+    per = (BIG_ELEMS + 5) // max(size, 1) + 3
+    ins = [data(rank * size + j, per, "float32", salt=15) for j in range(size)]
+    out = np.empty(per, dtype=np.float32)
+    pg.reduce_scatter(out, ins)
+    want = expected_reduce([data(r * size + rank, per, "float32", salt=15) for r in range(size)], ReduceOp.SUM)
+    assert_equal(out, want, "reduce_scatter beyond 16 MiB in total")
+
+
+@check
 def check_broadcast(rank: int, size: int, opts: dict[str, Any]) -> None:
     for root in range(size):
         for dtype in ("float32", "int64", "bool", "complex64", "float16"):
