@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import arrays, config
-from .channel import MAX_USER_TAG, ChannelContext, CompletedWork, DataChannel, Work
+from .channel import MAX_USER_TAG, ChannelContext, DataChannel, Work
 from .errors import (
     AlreadyInitializedError,
     InvalidArgumentError,
@@ -346,10 +346,6 @@ def _name_op(exc: BaseException, op: str, g: Group) -> None:
     if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(op):
         where = "" if g.group_id == 0 else f" (group {list(g.ranks)})"
         exc.args = (f"{op}{where}: {exc.args[0]}",) + exc.args[1:]
-
-
-def _done(async_op: bool, op: str) -> Work | None:
-    return CompletedWork(op) if async_op else None
 
 
 # --------------------------------------------------------------------- point to point

@@ -44,6 +44,12 @@ def address_routing_to(host: str) -> str:
     except OSError:
         return "127.0.0.1"
     if ipaddress.ip_address(target).is_loopback:
+        if host not in ("localhost",) and not _is_ip_literal(host):
+            log.warning(
+                "the master address %r resolves to loopback (%s) here, so this rank publishes "
+                "127.0.0.1; ranks on other hosts cannot reach it. Set %s to the interface "
+                "they reach this host by, or give MASTER_ADDR as an IP address.",
+                host, target, ENV_SOCKET_IFNAME)
         return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
@@ -51,6 +57,14 @@ def address_routing_to(host: str) -> str:
             return str(s.getsockname()[0])
         except OSError:
             return "127.0.0.1"
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
 
 
 def choose_address(master_addr: str | None, ifname: str | None = None) -> str:

@@ -124,35 +124,35 @@ class CompletedWork(Work):
 class FutureWork(Work):
     """A Work backed by a ``concurrent.futures.Future`` (thread-run ops)."""
 
-    def __init__(self, op: str, future: concurrent.futures.Future[Any],
-                 on_done: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, op: str, future: concurrent.futures.Future[Any]) -> None:
         self.op = op
         self._future = future
-        self._on_done = on_done
-        self._finished = False
-        self._lock = threading.Lock()
 
     def is_completed(self) -> bool:
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> bool:
-        try:
-            value = self._future.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
-            raise CommTimeoutError(
-                f"{self.op} not finished after Work.wait(timeout={timeout})", op=self.op
-            ) from None
-        with self._lock:
-            if not self._finished and self._on_done is not None:
-                self._on_done(value)
-            self._finished = True
+        # not future.result(timeout): on 3.11+ its TimeoutError would also catch the op's
+        # own CommTimeoutError (a TimeoutError subclass) and hide its message
+        done, _ = concurrent.futures.wait([self._future], timeout=timeout)
+        if not done:
+            raise CommTimeoutError(f"{self.op} not finished after Work.wait(timeout={timeout})", op=self.op)
+        if self._future.cancelled():
+            raise ChannelClosedError(f"{self.op} was cancelled: the group was destroyed before it ran")
+        self._future.result()
         return True
 
     def exception(self) -> BaseException | None:
-        return self._future.exception(timeout=0) if self._future.done() else None
+        if not self._future.done():
+            return None
+        if self._future.cancelled():
+            return ChannelClosedError(f"{self.op} was cancelled: the group was destroyed before it ran")
+        return self._future.exception()
 
     def result(self) -> Any:
-        return self._future.result(timeout=0) if self._future.done() else None
+        if not self._future.done() or self._future.cancelled():
+            return None
+        return self._future.result()
 
 
 class OrderedExecutor:

@@ -17,6 +17,8 @@ from .errors import InvalidArgumentError
 #: Default for every blocking call; PROCGROUP_TIMEOUT (seconds) overrides it.
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_BACKEND = "tcp"
+#: Larger timeouts overflow the OS's waits (sockets, condition variables).
+MAX_TIMEOUT_S = 1e9
 
 ENV_BACKEND = "PROCGROUP_BACKEND"
 ENV_TIMEOUT = "PROCGROUP_TIMEOUT"
@@ -41,8 +43,10 @@ def timeout_seconds(value: Any, *, source: str = "argument timeout") -> float:
         raise InvalidArgumentError(
             f"{source}={value!r}: expected a datetime.timedelta or a number of seconds"
         )
-    if not seconds > 0:
-        raise InvalidArgumentError(f"{source}={value!r}: must be positive")
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        raise InvalidArgumentError(
+            f"{source}={value!r}: must be positive and at most {MAX_TIMEOUT_S:.0f} s (about 30 years)"
+        )
     return seconds
 
 

@@ -72,28 +72,26 @@ def _check_op_dtype(op: ReduceOp, dtype: Any) -> None:
         )
 
 
-def _ufunc(op: ReduceOp, kind: str) -> Any:
-    if kind == "b":
-        # numpy's add/multiply on bool already act as logical or/and; keep it explicit.
-        return {
-            ReduceOp.SUM: np.logical_or,
-            ReduceOp.PRODUCT: np.logical_and,
-            ReduceOp.MIN: np.logical_and,
-            ReduceOp.MAX: np.logical_or,
-            ReduceOp.BAND: np.logical_and,
-            ReduceOp.BOR: np.logical_or,
-            ReduceOp.BXOR: np.logical_xor,
-        }[op]
-    return {
-        ReduceOp.SUM: np.add,
-        ReduceOp.AVG: np.add,  # summed during the exchange, divided once at the end
-        ReduceOp.PRODUCT: np.multiply,
-        ReduceOp.MIN: np.minimum,
-        ReduceOp.MAX: np.maximum,
-        ReduceOp.BAND: np.bitwise_and,
-        ReduceOp.BOR: np.bitwise_or,
-        ReduceOp.BXOR: np.bitwise_xor,
-    }[op]
+_BOOL_UFUNCS = {
+    # numpy's add/multiply on bool already act as logical or/and; keep it explicit
+    ReduceOp.SUM: np.logical_or,
+    ReduceOp.PRODUCT: np.logical_and,
+    ReduceOp.MIN: np.logical_and,
+    ReduceOp.MAX: np.logical_or,
+    ReduceOp.BAND: np.logical_and,
+    ReduceOp.BOR: np.logical_or,
+    ReduceOp.BXOR: np.logical_xor,
+}
+_UFUNCS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,  # summed during the exchange, divided once at the end
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
+}
 
 
 def reduce_into(op: ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
@@ -101,7 +99,7 @@ def reduce_into(op: ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
 
     Works for CuPy arrays too: CuPy's ufuncs accept ``out=`` the same way.
     """
-    ufunc = _ufunc(op, acc.dtype.kind)
+    ufunc = _BOOL_UFUNCS[op] if acc.dtype.kind == "b" else _UFUNCS[op]
     ufunc(acc, other, out=acc)
 
 

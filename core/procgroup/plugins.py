@@ -88,6 +88,8 @@ def _plugin_backends() -> dict[str, BackendSpec]:
                     f"{found[spec.name].distribution} and {dist}; uninstall one"
                 )
             found[spec.name] = _with_dist(spec, dist)
+            if spec.name != spec.name.lower():
+                raise PluginError(f"plugin {dist}: backend names are lower case, got {spec.name!r}")
     return found
 
 
@@ -113,6 +115,7 @@ def register_backend(
 
     if not isinstance(name, str) or not name.isidentifier():
         raise PluginError(f"backend name must be an identifier-like string, got {name!r}")
+    name = name.lower()  # names are matched case-insensitively
     if isinstance(channel, type):
         if not issubclass(channel, DataChannel):
             raise PluginError(f"register_backend({name!r}): {channel.__name__} is not a procgroup.DataChannel subclass")

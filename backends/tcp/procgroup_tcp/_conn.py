@@ -35,12 +35,12 @@ def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
     """
     deadline = time.monotonic() + ctx.timeout
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    socks: dict[int, socket.socket] = {}
     try:
         listener.bind((address, 0))
         listener.listen(max(ctx.size, 16))
         host, port = listener.getsockname()[:2]
         ctx.store.set(f"tcp/addr/{ctx.rank}", f"{host}:{port}")
-        socks: dict[int, socket.socket] = {}
         for peer in range(ctx.rank):
             socks[peer] = _connect_to(ctx, peer, deadline)
         expected = set(range(ctx.rank + 1, ctx.size))
@@ -73,6 +73,10 @@ def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
             _tune(sock)
             sock.settimeout(ctx.timeout)
         return socks
+    except BaseException:
+        for sock in socks.values():
+            sock.close()
+        raise
     finally:
         listener.close()
 
@@ -136,6 +140,7 @@ class Peer:
         self._reader = threading.Thread(target=self._read_loop, name=f"procgroup-tcp-recv-{global_rank}",
                                         daemon=True)
         self._send_error: BaseException | None = None
+        self._current: Any = None  # the receive whose payload the reader is filling
 
     def start_reader(self) -> None:
         self._reader.start()
@@ -178,10 +183,14 @@ class Peer:
                     self.sock.sendall(header)
                     self.sock.sendall(view)
             except socket.timeout:
-                raise CommTimeoutError(
+                # part of the frame may be out: the stream cannot be trusted any more
+                err = CommTimeoutError(
                     f"send to rank {self.global_rank} timed out after {self.timeout}s (it is not reading)",
-                    op="send", ranks=[self.global_rank],
-                ) from None
+                    op="send", ranks=[self.global_rank])
+                self.channel.peer_failed(self, PeerError(
+                    f"rank {self.global_rank} stopped reading: a send to it timed out after {self.timeout}s",
+                    rank=self.global_rank))
+                raise err from None
             except OSError as exc:
                 err = PeerError(f"rank {self.global_rank} is unreachable: connection lost while sending ({exc})",
                                 rank=self.global_rank)
@@ -190,6 +199,12 @@ class Peer:
 
     def fail_pending_sends(self, exc: BaseException) -> None:
         self._send_error = exc
+
+    def fail_current(self, exc: BaseException) -> None:
+        """Fail the receive this peer's reader is filling (the peer died or we close)."""
+        target = self._current
+        if target is not None:
+            target.fail(exc)
 
     # ------------------------------------------------------------------ receiving
     def _read_loop(self) -> None:
@@ -208,8 +223,10 @@ class Peer:
                     raise ValueError(f"frame {seq} arrived where {self._seq_in} was due")
                 self._seq_in += 1
                 self._receive_payload(tag, nbytes, dtype_char)
-        except (OSError, ValueError, PeerError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever stops the reader breaks the channel
             if self._closing or self.channel._closed:
+                self.fail_current(PeerError(f"the connection to rank {self.global_rank} was closed",
+                                            rank=self.global_rank))
                 return
             reason = exc if isinstance(exc, PeerError) else PeerError(
                 f"lost the connection to rank {self.global_rank}: {exc}", rank=self.global_rank)
@@ -226,10 +243,14 @@ class Peer:
                 self._discard(nbytes)
                 target.finish(self.rank, exc)
                 return
+            self._current = target
             self._read_into(target.view, at_boundary=False)
+            self._current = None
             target.finish(self.rank)
         else:
+            self._current = target
             self._read_into(memoryview(target.data), at_boundary=False)
+            self._current = None
             target.done.set()
 
     def _discard(self, nbytes: int) -> None:
@@ -256,8 +277,11 @@ class Peer:
                     f"rank {self.global_rank} stalled for {self.timeout}s in the middle of a message",
                     rank=self.global_rank) from None
             if n == 0:
-                if self._closing:
+                if self._closing and at_boundary and got == 0:
                     return False
+                if self._closing:
+                    raise PeerError(f"the connection to rank {self.global_rank} was closed mid-message",
+                                    rank=self.global_rank)
                 raise PeerError(
                     f"rank {self.global_rank} closed its connection without a goodbye "
                     f"(the process died or exited without destroy_process_group)", rank=self.global_rank)

@@ -16,20 +16,22 @@ the wait with the same errors as the socket path.
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
 import platform
 import socket
+import sys
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
 
 from procgroup.algorithms.ring import chunk_bounds
 from procgroup.config import ENV_SHM
-from procgroup.errors import CommTimeoutError
+from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
 from procgroup.ops import ReduceOp, finish_average, reduce_into
 
 if TYPE_CHECKING:
@@ -39,8 +41,14 @@ log = logging.getLogger(__name__)
 
 SMALL_BYTES = 64 * 1024
 LARGE_SLOT_BYTES = 16 * 1024 * 1024
-_FLAG_STRIDE = 8  # uint64 per rank: [seq, barrier, ...] on its own 64-byte line
+#: uint64 words per rank, one 64-byte line each: counters, then what the rank is doing
+_FLAG_STRIDE = 8
 _SEQ, _BARRIER = 0, 1
+_SMALL_SIG = (2, 4)  # (size, op) words of the small round, one pair per buffer parity
+_LARGE_SIG = 6
+_OPCODES = {"all_reduce": 1, "broadcast": 2, "reduce": 3, "all_gather": 4, "reduce_scatter": 5}
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def host_identity() -> str:
@@ -53,14 +61,40 @@ def host_identity() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def shm_wanted() -> bool:
-    """This process allows the shared-memory path (on by default where it is safe)."""
+def shm_possible() -> bool:
+    """This process allows the shared-memory path and can run it safely.
+
+    On by default on x86-64 Linux (store order is what the counters rely on, and
+    /dev/shm is where the arena lives); PROCGROUP_TCP_SHM=0 turns it off.
+    """
     setting = os.environ.get(ENV_SHM, "1").strip().lower()
-    return setting not in ("0", "false", "no", "off") and platform.machine() in ("x86_64", "AMD64")
+    return (setting not in ("0", "false", "no", "off") and sys.platform.startswith("linux")
+            and platform.machine() in ("x86_64", "AMD64") and os.path.isdir("/dev/shm"))
+
+
+def _guarded(op: str) -> Callable[[F], F]:
+    """An arena op: check the ranks agree on it; any failure inside breaks the channel.
+
+    After an interrupted op the counters of the ranks disagree, and reusing the slots
+    could mix data silently; the socket path stays safe, the arena does not.
+    """
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def run(self: "SharedMemoryArena", *args: Any) -> Any:
+            self._op = op
+            try:
+                return fn(self, *args)
+            except InvalidArrayError:
+                raise  # found by every rank at the same step: the counters still agree
+            except BaseException as exc:
+                self.channel.shm_failed(exc)
+                raise
+        return run  # type: ignore[return-value]
+    return wrap
 
 
 class SharedMemoryArena:
-    """The mapped region and the all_reduce algorithms that run on it."""
+    """The mapped region and the collectives that run on it."""
 
     def __init__(self, channel: "TcpChannel", mm: mmap.mmap) -> None:
         self.channel = channel
@@ -76,6 +110,7 @@ class SharedMemoryArena:
                                    offset=flags_bytes + small_bytes).reshape(n, LARGE_SLOT_BYTES)
         self._seq = 0
         self._barrier = 0
+        self._op = ""
         self._oversubscribed = n > (os.cpu_count() or 1)
 
     @staticmethod
@@ -83,26 +118,55 @@ class SharedMemoryArena:
         return n * _FLAG_STRIDE * 8 + 2 * n * SMALL_BYTES + n * LARGE_SLOT_BYTES
 
     @classmethod
-    def open(cls, channel: "TcpChannel") -> "SharedMemoryArena":
-        """Collective: rank 0 creates the file, everyone maps it, then it is unlinked."""
+    def open(cls, channel: "TcpChannel") -> "SharedMemoryArena | None":
+        """Collective: rank 0 creates the file, all map it, it is unlinked; None on failure.
+
+        Every rank reports whether it mapped the region, so either all use the arena or
+        all fall back to the sockets (a /dev/shm too small for it, say). The space is
+        allocated up front, so a full /dev/shm fails here and not with SIGBUS later.
+        """
         ctx = channel.ctx
         nbytes = cls.region_bytes(channel.size)
-        if channel.rank == 0:
-            path = f"/dev/shm/procgroup-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            os.ftruncate(fd, nbytes)
-            ctx.store.set("tcp/shm/path", path)
-        else:
-            path = ctx.store.get("tcp/shm/path", timeout=ctx.timeout).decode()
-            fd = os.open(path, os.O_RDWR)
+        path, mm, problem = "", None, ""
         try:
-            mm = mmap.mmap(fd, nbytes)
+            if channel.rank == 0:
+                path = f"/dev/shm/procgroup-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+                try:
+                    os.posix_fallocate(fd, 0, nbytes)
+                except OSError:
+                    os.close(fd)
+                    os.unlink(path)
+                    path = ""
+                    raise
+                ctx.store.set("tcp/shm/path", path)
+            else:
+                path = ctx.store.get("tcp/shm/path", timeout=ctx.timeout).decode()
+                if not path:
+                    raise OSError("rank 0 could not create the shared-memory region")
+                fd = os.open(path, os.O_RDWR)
+            try:
+                mm = mmap.mmap(fd, nbytes)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            problem = str(exc) or type(exc).__name__
+            if channel.rank == 0 and not path:
+                ctx.store.set("tcp/shm/path", "")
+        try:
+            ctx.store.set(f"tcp/shm/ok/{channel.rank}", problem)
+            reports = [ctx.store.get(f"tcp/shm/ok/{r}", timeout=ctx.timeout).decode() for r in range(channel.size)]
         finally:
-            os.close(fd)
-        channel.barrier()  # over the sockets: everyone has mapped it
-        if channel.rank == 0:
-            os.unlink(path)
-        return cls(channel, mm)
+            if channel.rank == 0 and path:
+                os.unlink(path)  # everyone has reported: all who could map it have
+        failed = {r: why for r, why in enumerate(reports) if why}
+        if failed:
+            log.warning("procgroup tcp: shared memory unavailable (%s); using sockets",
+                        "; ".join(f"rank {ctx.global_rank(r)}: {why}" for r, why in failed.items()))
+            if mm is not None:
+                mm.close()
+            return None
+        return cls(channel, mm) if mm is not None else None
 
     def close(self) -> None:
         # numpy views keep the buffer exported; dropping them lets the map close
@@ -112,8 +176,28 @@ class SharedMemoryArena:
         except BufferError:
             pass  # an async op still holds a view; the OS frees it at exit
 
+    # ------------------------------------------------------------------ agreement
+    def _publish(self, word: int, nbytes: int, dtype: np.dtype, root: int = 0) -> None:
+        """What this rank is about to do, for the others to compare with theirs."""
+        self.flags[self.rank, word] = nbytes
+        self.flags[self.rank, word + 1] = (_OPCODES[self._op] << 32) | (root << 8) | dtype.num
+
+    def _check_agreement(self, word: int) -> None:
+        sizes, kinds = self.flags[:, word], self.flags[:, word + 1]
+        differ = [k for k in range(self.size) if sizes[k] != sizes[self.rank] or kinds[k] != kinds[self.rank]]
+        if differ:
+            who = ", ".join(str(self.channel.ctx.global_rank(k)) for k in differ)
+            raise InvalidArrayError(
+                f"ranks disagree on this {self._op}: rank(s) {who} passed a different array size, "
+                f"dtype, op or root than rank {self.channel.ctx.global_rank(self.rank)} "
+                f"({int(sizes[self.rank])} bytes); every rank must pass the same")
+
     # ------------------------------------------------------------------ waiting
-    def _wait_all(self, column: int, target: int, what: str) -> None:
+    def _wait_all(self, column: int, target: int) -> None:
+        """Spin, then yield, then nap until every rank's counter reaches ``target``.
+
+        Every few hundred rounds: a peer that died or left, or the timeout, ends the wait.
+        """
         col = self.flags[:, column]
         if (col >= target).all():
             return
@@ -121,57 +205,59 @@ class SharedMemoryArena:
         spins = 0
         while not (col >= target).all():
             spins += 1
-            if spins > 200 or self._oversubscribed:
-                if spins < 2000:
-                    os.sched_yield()
-                else:
-                    time.sleep(0.00005)
-                if spins % 256 == 0:
-                    self.channel._raise_if_unusable()
-                    if time.monotonic() > deadline:
-                        late = [self.channel.ctx.global_rank(k) for k in range(self.size) if col[k] < target]
-                        who = f"rank {late[0]}" if len(late) == 1 else f"ranks {late}"
-                        raise CommTimeoutError(
-                            f"timed out after {self.channel.timeout}s waiting for {who}", op=what, ranks=late)
+            if spins <= 200 and not self._oversubscribed:
+                continue
+            if spins < 2000:
+                os.sched_yield()
+            else:
+                time.sleep(0.00005)
+            if spins % 256 == 0:
+                self._check_peers(col, target, deadline)
+
+    def _check_peers(self, col: np.ndarray, target: int, deadline: float) -> None:
+        self.channel._raise_if_unusable()
+        late = [k for k in range(self.size) if col[k] < target]
+        names = [self.channel.ctx.global_rank(k) for k in late]
+        for k in late:
+            if self.channel.peer_has_left(k):
+                raise PeerError(f"rank {self.channel.ctx.global_rank(k)} has left the group "
+                                f"(destroy_process_group)", rank=self.channel.ctx.global_rank(k))
+        if time.monotonic() > deadline:
+            who = f"rank {names[0]}" if len(names) == 1 else f"ranks {names}"
+            raise CommTimeoutError(f"timed out after {self.channel.timeout}s waiting for {who}",
+                                   op=self._op, ranks=names)
 
     def _barrier_all(self) -> None:
         self._barrier += 1
         self.flags[self.rank, _BARRIER] = self._barrier
-        self._wait_all(_BARRIER, self._barrier, "all_reduce")
+        self._wait_all(_BARRIER, self._barrier)
 
-    # ------------------------------------------------------------------ algorithms
-    def all_reduce(self, array: np.ndarray, op: ReduceOp) -> None:
-        if array.nbytes <= SMALL_BYTES:
-            self._small_all_reduce(array, op)
-        else:
-            self._large_all_reduce(array, op)
-
-    def _small_round(self, payload: np.ndarray | None) -> np.ndarray:
+    def _small_round(self, payload: np.ndarray | None, nbytes: int, dtype: np.dtype, root: int = 0) -> np.ndarray:
         """One exchange through the small slots: write ``payload`` (if any), wait for all.
 
         Returns the slots (n x SMALL_BYTES) to read from. Double-buffered by parity: the
         buffer used now was last read two rounds ago, so waiting until every rank has
-        reached the previous round makes it free.
+        reached the previous round makes it free. The ranks' descriptions of the op ride
+        along (one pair of words per parity) and must agree.
         """
         self._seq += 1
         seq = self._seq
-        self._wait_all(_SEQ, seq - 1, "collective")
+        self._wait_all(_SEQ, seq - 1)
         slots = self.small[seq % 2]
         if payload is not None:
-            slots[self.rank, : payload.nbytes] = payload.reshape(-1).view(np.uint8)
+            slots[self.rank, :nbytes] = payload.reshape(-1).view(np.uint8)
+        word = _SMALL_SIG[seq % 2]
+        self._publish(word, nbytes, dtype, root)
         self.flags[self.rank, _SEQ] = seq
-        self._wait_all(_SEQ, seq, "collective")
+        self._wait_all(_SEQ, seq)
+        self._check_agreement(word)
         return slots
 
-    def _small_all_reduce(self, array: np.ndarray, op: ReduceOp) -> None:
-        """Everyone publishes, everyone reduces all slots in rank order: one round trip."""
-        flat = array.reshape(-1)
-        slots = self._small_round(flat)
-        views = [slots[k, : flat.nbytes].view(flat.dtype) for k in range(self.size)]
-        flat[...] = views[0]
-        for k in range(1, self.size):
-            reduce_into(op, flat, views[k])
-        finish_average(op, flat, self.size)
+    def _large_begin(self, nbytes: int, dtype: np.dtype, root: int = 0) -> None:
+        """Agree on the op before any slot is touched: publish, meet, compare."""
+        self._publish(_LARGE_SIG, nbytes, dtype, root)
+        self._barrier_all()
+        self._check_agreement(_LARGE_SIG)
 
     def _pieces(self, count: int, itemsize: int, parts: int = 1) -> list[tuple[int, int]]:
         """Element ranges that fit a large slot ``parts`` times over."""
@@ -181,14 +267,55 @@ class SharedMemoryArena:
     def _slot(self, rank: int, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
         return self.large[rank, offset * dtype.itemsize : (offset + count) * dtype.itemsize].view(dtype)
 
+    def _reduce_slots_into(self, out: np.ndarray, views: list[np.ndarray], op: ReduceOp) -> None:
+        """out = op over every rank's view, in rank order (the same bits on every rank)."""
+        out[...] = views[0]
+        for view in views[1:]:
+            reduce_into(op, out, view)
+        finish_average(op, out, self.size)
+
+    # ------------------------------------------------------------------ collectives
+    @_guarded("all_reduce")
+    def all_reduce(self, array: np.ndarray, op: ReduceOp) -> None:
+        """Small: everyone publishes and reduces every slot. Large, per piece: publish
+        the chunks the others reduce, reduce mine from every slot, publish it, copy theirs."""
+        flat = array.reshape(-1)
+        if flat.nbytes <= SMALL_BYTES:
+            slots = self._small_round(flat, flat.nbytes, flat.dtype, list(ReduceOp).index(op))
+            self._reduce_slots_into(flat, [slots[k, : flat.nbytes].view(flat.dtype) for k in range(self.size)], op)
+            return
+        self._large_begin(flat.nbytes, flat.dtype, list(ReduceOp).index(op))
+        r = self.rank
+        for lo, hi in self._pieces(flat.size, flat.itemsize):
+            part = flat[lo:hi]
+            bounds = chunk_bounds(hi - lo, self.size)
+            slots = [self._slot(k, flat.dtype, hi - lo) for k in range(self.size)]
+            c0, c1 = bounds[r], bounds[r + 1]
+            self._barrier_all()  # nobody still reads what the slots held before
+            slots[r][:c0] = part[:c0]  # the others need only the chunks they reduce
+            slots[r][c1:] = part[c1:]
+            self._barrier_all()
+            acc = part[c0:c1]
+            for k in range(self.size):
+                if k != r:
+                    reduce_into(op, acc, slots[k][c0:c1])
+            finish_average(op, acc, self.size)
+            slots[r][c0:c1] = acc
+            self._barrier_all()
+            for k in range(self.size):
+                if k != r:
+                    part[bounds[k] : bounds[k + 1]] = slots[k][bounds[k] : bounds[k + 1]]
+
+    @_guarded("broadcast")
     def broadcast(self, array: np.ndarray, root: int) -> None:
         """The root publishes, the others copy; in pieces of one slot."""
         flat = array.reshape(-1)
         if flat.nbytes <= SMALL_BYTES:
-            slots = self._small_round(flat if self.rank == root else None)
+            slots = self._small_round(flat if self.rank == root else None, flat.nbytes, flat.dtype, root)
             if self.rank != root:
                 flat.view(np.uint8)[...] = slots[root, : flat.nbytes]
             return
+        self._large_begin(flat.nbytes, flat.dtype, root)
         for lo, hi in self._pieces(flat.size, flat.itemsize):
             self._barrier_all()
             if self.rank == root:
@@ -197,15 +324,17 @@ class SharedMemoryArena:
             if self.rank != root:
                 flat[lo:hi] = self._slot(root, flat.dtype, hi - lo)
 
+    @_guarded("all_gather")
     def all_gather(self, outputs: list[np.ndarray], array: np.ndarray) -> None:
         """Everyone publishes its array, everyone copies every slot into its outputs."""
         flat = array.reshape(-1)
         outs = [o.reshape(-1) for o in outputs]
         if flat.nbytes <= SMALL_BYTES:
-            slots = self._small_round(flat)
+            slots = self._small_round(flat, flat.nbytes, flat.dtype)
             for k in range(self.size):
                 outs[k].view(np.uint8)[...] = slots[k, : flat.nbytes]
             return
+        self._large_begin(flat.nbytes, flat.dtype)
         for lo, hi in self._pieces(flat.size, flat.itemsize):
             self._barrier_all()
             self._slot(self.rank, flat.dtype, hi - lo)[...] = flat[lo:hi]
@@ -213,43 +342,44 @@ class SharedMemoryArena:
             for k in range(self.size):
                 outs[k][lo:hi] = self._slot(k, flat.dtype, hi - lo)
 
+    @_guarded("reduce")
     def reduce(self, array: np.ndarray, root: int, op: ReduceOp) -> None:
         """Everyone publishes; each reduces its chunk in its own slot; the root collects.
 
         Non-root arrays are only read, never written.
         """
         flat = array.reshape(-1)
+        opcode = list(ReduceOp).index(op) << 16 | root
         if flat.nbytes <= SMALL_BYTES:
-            slots = self._small_round(flat)
+            slots = self._small_round(flat, flat.nbytes, flat.dtype, opcode)
             if self.rank == root:
-                views = [slots[k, : flat.nbytes].view(flat.dtype) for k in range(self.size)]
-                flat[...] = views[0]
-                for k in range(1, self.size):
-                    reduce_into(op, flat, views[k])
-                finish_average(op, flat, self.size)
+                self._reduce_slots_into(flat, [slots[k, : flat.nbytes].view(flat.dtype) for k in range(self.size)], op)
             return
+        self._large_begin(flat.nbytes, flat.dtype, opcode)
+        r = self.rank
         for lo, hi in self._pieces(flat.size, flat.itemsize):
-            count = hi - lo
-            bounds = chunk_bounds(count, self.size)
-            slots = [self._slot(k, flat.dtype, count) for k in range(self.size)]
+            bounds = chunk_bounds(hi - lo, self.size)
+            slots = [self._slot(k, flat.dtype, hi - lo) for k in range(self.size)]
             self._barrier_all()
-            slots[self.rank][...] = flat[lo:hi]
+            slots[r][...] = flat[lo:hi]
             self._barrier_all()
-            c0, c1 = bounds[self.rank], bounds[self.rank + 1]
+            c0, c1 = bounds[r], bounds[r + 1]
             for k in range(self.size):
-                if k != self.rank:
-                    reduce_into(op, slots[self.rank][c0:c1], slots[k][c0:c1])
-            finish_average(op, slots[self.rank][c0:c1], self.size)
+                if k != r:
+                    reduce_into(op, slots[r][c0:c1], slots[k][c0:c1])
+            finish_average(op, slots[r][c0:c1], self.size)
             self._barrier_all()
-            if self.rank == root:
+            if r == root:
                 for k in range(self.size):
                     flat[lo + bounds[k] : lo + bounds[k + 1]] = slots[k][bounds[k] : bounds[k + 1]]
 
+    @_guarded("reduce_scatter")
     def reduce_scatter(self, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp) -> None:
         """Each rank publishes what the others reduce; rank r reduces every input[r]."""
         out = output.reshape(-1)
         ins = [i.reshape(-1) for i in inputs]
         n, r = self.size, self.rank
+        self._large_begin(out.nbytes, out.dtype, list(ReduceOp).index(op))
         for lo, hi in self._pieces(out.size, out.itemsize, parts=n):
             count = hi - lo
             self._barrier_all()
@@ -263,31 +393,3 @@ class SharedMemoryArena:
                 if k != r:
                     reduce_into(op, acc, self._slot(k, out.dtype, count, offset=r * count))
             finish_average(op, acc, n)
-
-    def _large_all_reduce(self, array: np.ndarray, op: ReduceOp) -> None:
-        """Per piece: publish the chunks others reduce, reduce mine, publish it, copy the rest."""
-        flat = array.reshape(-1)
-        itemsize = flat.itemsize
-        piece = LARGE_SLOT_BYTES // itemsize
-        mine = self.large[self.rank]
-        for start in range(0, flat.size, piece):
-            part = flat[start : start + piece]
-            count = part.size
-            bounds = chunk_bounds(count, self.size)
-            slots = [self.large[k, : count * itemsize].view(flat.dtype) for k in range(self.size)]
-            lo, hi = bounds[self.rank], bounds[self.rank + 1]
-            self._barrier_all()  # nobody still reads what the slots held before
-            # the others need only the chunks they reduce, not mine
-            mine[: lo * itemsize] = part[:lo].view(np.uint8)
-            mine[hi * itemsize : count * itemsize] = part[hi:].view(np.uint8)
-            self._barrier_all()
-            acc = part[lo:hi]
-            for k in range(self.size):
-                if k != self.rank:
-                    reduce_into(op, acc, slots[k][lo:hi])
-            finish_average(op, acc, self.size)
-            slots[self.rank][lo:hi] = acc
-            self._barrier_all()
-            for k in range(self.size):
-                if k != self.rank:
-                    part[bounds[k] : bounds[k + 1]] = slots[k][bounds[k] : bounds[k + 1]]

@@ -13,6 +13,7 @@ pending and later call raises :class:`~procgroup.errors.PeerError` naming that r
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from typing import Any, Sequence
@@ -30,7 +31,7 @@ from procgroup.errors import (
 from procgroup.ops import ReduceOp
 
 from ._conn import Peer, connect_mesh
-from ._shm import SharedMemoryArena, host_identity, shm_wanted
+from ._shm import SharedMemoryArena, host_identity, shm_possible
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,20 @@ log = logging.getLogger(__name__)
 INLINE_SEND_BYTES = 256 * 1024
 
 
-def byte_view(array: Any) -> memoryview:
-    """A flat writable-or-not byte view of a C-contiguous NumPy array, no copy."""
-    arr = np.asarray(array)
-    return memoryview(arr.reshape(-1).view(np.uint8))
+def byte_view(array: np.ndarray) -> memoryview:
+    """A flat byte view of a C-contiguous NumPy array (writable if it is), no copy."""
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+_DTYPE_CODES: dict[np.dtype, bytes] = {}
+
+
+def dtype_code(dtype: np.dtype) -> bytes:
+    """The one-byte dtype code a frame header carries (cached: it is on every send)."""
+    code = _DTYPE_CODES.get(dtype)
+    if code is None:
+        code = _DTYPE_CODES[dtype] = dtype.char.encode()
+    return code
 
 
 class _PostedRecv:
@@ -64,6 +75,10 @@ class _PostedRecv:
         self.error = error
         self.done.set()
 
+    def fail(self, error: BaseException) -> None:
+        if not self.done.is_set():
+            self.finish(-1, error)
+
 
 class _Unexpected:
     """A frame that arrived before its receive was posted; its payload is kept here."""
@@ -73,10 +88,15 @@ class _Unexpected:
     def __init__(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> None:
         self.src = src
         self.tag = tag
-        self.data = bytearray(nbytes)
+        self.data = np.empty(nbytes, dtype=np.uint8)  # not zero-filled: it is overwritten
         self.dtype_char = dtype_char
         self.done = threading.Event()
         self.error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done.is_set():
+            self.error = error
+            self.done.set()
 
 
 class _RecvWork(Work):
@@ -112,24 +132,43 @@ class TcpChannel(DataChannel):
         self._unexpected: list[_Unexpected] = []
         self._broken: BaseException | None = None
         self._peers: dict[int, Peer] = {}
-        if ctx.size > 1:
-            address = choose_address(ctx.master_addr, ctx.options.get("ifname"))
-            sockets = connect_mesh(ctx, address)
-            for rank, sock in sockets.items():
-                peer = Peer(rank, ctx.global_rank(rank), sock, ctx.timeout, self)
-                self._peers[rank] = peer
+        self._shm: SharedMemoryArena | None = None
+        if ctx.size == 1:
+            return
+        address = choose_address(ctx.master_addr, ctx.options.get("ifname"))
+        sockets = connect_mesh(ctx, address)
+        for rank, sock in sockets.items():
+            self._peers[rank] = Peer(rank, ctx.global_rank(rank), sock, ctx.timeout, self)
+        try:
             for peer in self._peers.values():
                 peer.start_reader()
-        self._shm: SharedMemoryArena | None = None
-        if ctx.size > 1 and self._all_on_one_host():
-            self._shm = SharedMemoryArena.open(self)
+            if self._all_on_one_host():
+                self._shm = SharedMemoryArena.open(self)  # None: /dev/shm refused, sockets it is
+        except BaseException:
+            self.close()
+            raise
 
     def _all_on_one_host(self) -> bool:
-        """Collective: every rank shares this host and allows shared memory."""
-        me = f"{host_identity()}|{'shm' if shm_wanted() else 'no-shm'}"
+        """Collective: every rank shares this host and can use shared memory."""
+        me = f"{host_identity()}|{'shm' if shm_possible() else 'no-shm'}"
         self.ctx.store.set(f"tcp/host/{self.rank}", me)
         ids = {self.ctx.store.get(f"tcp/host/{r}", timeout=self.timeout).decode() for r in range(self.size)}
         return len(ids) == 1 and me.endswith("|shm")
+
+    def peer_has_left(self, rank: int) -> bool:
+        """The peer said goodbye (destroy_process_group); the shm waits ask this."""
+        peer = self._peers.get(rank)
+        return peer is not None and peer.left
+
+    def shm_failed(self, exc: BaseException) -> None:
+        """A shared-memory op was interrupted: its counters are out of step, so break."""
+        with self._lock:
+            if self._closed or self._broken is not None:
+                return
+            self._broken = PeerError(
+                f"a shared-memory collective was interrupted ({type(exc).__name__}: {exc}); "
+                f"this group cannot be used any more")
+        log.error("procgroup tcp: %s", self._broken)
 
     @property
     def failure(self) -> BaseException | None:
@@ -150,7 +189,7 @@ class TcpChannel(DataChannel):
         if self._closed:
             raise ChannelClosedError("the tcp channel is closed (destroy_process_group was called)")
         if self._broken is not None:
-            raise self._broken
+            raise fresh(self._broken)
 
     # ---------------------------------------------------------------- called by readers
     def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> _PostedRecv | _Unexpected:
@@ -190,16 +229,17 @@ class TcpChannel(DataChannel):
             ux.done.set()
         for other in self._peers.values():
             other.fail_pending_sends(exc)
+            other.fail_current(exc)
 
     # ---------------------------------------------------------------- point to point
     def send(self, array: Any, dst: int, tag: int = 0) -> None:
         peer = self._peer(dst)
-        peer.send(byte_view(array), tag, np.asarray(array).dtype.char.encode())
+        peer.send(byte_view(array), tag, dtype_code(array.dtype))
 
     def isend(self, array: Any, dst: int, tag: int = 0) -> Work:
         peer = self._peer(dst)
         view = byte_view(array)
-        dtype_char = np.asarray(array).dtype.char.encode()
+        dtype_char = dtype_code(array.dtype)
         if view.nbytes <= INLINE_SEND_BYTES and not peer.has_queued_sends:
             peer.send(view, tag, dtype_char)
             return CompletedWork("isend")
@@ -215,9 +255,7 @@ class TcpChannel(DataChannel):
         peer = None if src is None else self._peers.get(src)
         if src is not None and peer is None:
             raise PeerError(f"rank {self.ctx.global_rank(src)} is not a peer of this channel", rank=src)
-        arr = np.asarray(array)
-        view = byte_view(arr)
-        req = _PostedRecv(view, src, tag, arr.dtype)
+        req = _PostedRecv(byte_view(array), src, tag, array.dtype)
         with self._lock:
             for i, ux in enumerate(self._unexpected):
                 if ux.tag == tag and (src is None or ux.src == src):
@@ -225,6 +263,7 @@ class TcpChannel(DataChannel):
                     break
             else:
                 ux = None
+                self._raise_if_unusable()  # again, now that peer_failed cannot interleave
                 # what a departed peer sent before its goodbye is still delivered above
                 if peer is not None and peer.left:
                     raise PeerError(f"rank {peer.global_rank} has left the group (destroy_process_group)",
@@ -242,27 +281,40 @@ class TcpChannel(DataChannel):
                 op="recv", ranks=[self.ctx.global_rank(ux.src)],
             )
         if ux.error is not None:
-            raise ux.error
-        check_size(len(ux.data), ux.dtype_char, req, self.ctx.global_rank(ux.src))
-        req.view[:] = ux.data
+            raise fresh(ux.error)
+        check_size(ux.data.nbytes, ux.dtype_char, req, self.ctx.global_rank(ux.src))
+        req.view[:] = memoryview(ux.data)
 
     def _wait_posted(self, req: _PostedRecv, timeout: float | None) -> None:
+        """Wait for a posted receive.
+
+        A ``timeout`` given to Work.wait only bounds this wait: the receive stays posted
+        and a later wait can still get it. Running out the channel's own timeout cancels
+        the receive for good. A receive whose payload is already streaming in is not
+        cancelled; its reader finishes it, or fails it if the peer dies.
+        """
         limit = self.timeout if timeout is None else timeout
-        if not req.done.wait(limit):
-            with self._lock:
-                cancelled = req in self._posted and not req.matched
-                if cancelled:
-                    self._posted.remove(req)
+        if req.done.wait(limit):
+            if req.error is not None:
+                raise fresh(req.error)
+            return
+        who = "any rank" if req.src is None else f"rank {self.ctx.global_rank(req.src)}"
+        ranks = [] if req.src is None else [self.ctx.global_rank(req.src)]
+        exc = CommTimeoutError(f"recv from {who} (tag {req.tag}) timed out after {limit}s", op="recv", ranks=ranks)
+        if timeout is not None:
+            raise exc
+        with self._lock:
+            cancelled = req in self._posted
             if cancelled:
-                who = "any rank" if req.src is None else f"rank {self.ctx.global_rank(req.src)}"
-                ranks = [] if req.src is None else [self.ctx.global_rank(req.src)]
-                raise CommTimeoutError(
-                    f"recv from {who} (tag {req.tag}) timed out after {limit}s", op="recv", ranks=ranks
-                )
-            # the payload is already streaming into the buffer; the reader bounds it
-            req.done.wait()
+                self._posted.remove(req)
+        if cancelled:
+            req.finish(-1, exc)
+            raise exc
+        # matched: the reader is filling the buffer and bounds a stalled peer itself
+        if not req.done.wait(self.timeout):
+            raise exc
         if req.error is not None:
-            raise req.error
+            raise fresh(req.error)
 
     # ---------------------------------------------------------------- collectives
     # Ranks on one host use the shared-memory arena; otherwise the core's algorithms
@@ -308,22 +360,32 @@ class TcpChannel(DataChannel):
             posted, self._posted = self._posted, []
         for req in posted:
             req.finish(-1, exc)
+        for peer in self._peers.values():
+            peer.fail_current(exc)
         self.shutdown_threads()
         if self._shm is not None:
             self._shm.close()
 
 
 def check_size(nbytes: int, dtype_char: bytes, req: _PostedRecv, sender: int) -> None:
-    """Refuse a frame whose size differs from the receive buffer, naming both sides."""
-    if nbytes != req.view.nbytes:
-        try:
-            sent = np.dtype(dtype_char.decode())
-        except (TypeError, ValueError, UnicodeDecodeError):
-            sent = dtype_char
+    """Refuse a frame whose size or dtype differs from the receive buffer, naming both."""
+    try:
+        sent: Any = np.dtype(dtype_char.decode())
+    except (TypeError, ValueError, UnicodeDecodeError):
+        sent = dtype_char
+    if nbytes != req.view.nbytes or sent != req.dtype:
         raise InvalidArrayError(
-            f"message from rank {sender} has {nbytes} bytes (dtype {sent}) but the receive "
-            f"buffer has {req.view.nbytes} bytes (dtype {req.dtype}); sizes must match"
+            f"message from rank {sender} has {nbytes} bytes of dtype {sent} but the receive "
+            f"buffer has {req.view.nbytes} bytes of dtype {req.dtype}; size and dtype must match"
         )
+
+
+def fresh(exc: BaseException) -> BaseException:
+    """A new instance of a stored error, so each raise gets its own message and traceback."""
+    clone = copy.copy(exc)
+    clone.__cause__ = exc.__cause__
+    clone.__traceback__ = None
+    return clone
 
 
 __all__ = ["TcpChannel", "byte_view"]

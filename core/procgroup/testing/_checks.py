@@ -176,6 +176,47 @@ def check_recv_timeout(rank: int, size: int, opts: dict[str, Any]) -> None:
 
 
 @check
+def check_wait_timeout_keeps_the_receive(rank: int, size: int, opts: dict[str, Any]) -> None:
+    """Work.wait(timeout) that expires leaves the receive posted; a later wait gets it."""
+    if size == 1:
+        return
+    if rank == 0:
+        buf = np.zeros(3, dtype=np.int64)
+        work = pg.irecv(buf, 1, tag=41)
+        raises(errors.CommTimeoutError, lambda: work.wait(timeout=0.2))
+        pg.send(np.ones(1), 1, tag=42)  # now rank 1 sends
+        work.wait()
+        assert (buf == 5).all() and work.source_rank() == 1
+    elif rank == 1:
+        pg.recv(np.zeros(1), 0, tag=42)
+        pg.send(np.full(3, 5, dtype=np.int64), 0, tag=41)
+
+
+@check
+def check_group_point_to_point(rank: int, size: int, opts: dict[str, Any]) -> None:
+    """p2p on a group: world ranks in, world ranks out, and only members are heard."""
+    if size < 3:
+        return
+    g = pg.new_group([1, 2])
+    if rank == 0:  # a non-member sends on the world with the tag the group listens on
+        pg.send(np.full(2, -1.0), 1, tag=9)
+    elif rank == 2:
+        pg.send(np.full(2, 2.0), 1, group=g, tag=9)
+    elif rank == 1:
+        buf = np.zeros(2)
+        work = pg.irecv(buf, group=g, tag=9)
+        work.wait()
+        assert work.source_rank() == 2 and (buf == 2.0).all(), (work.source_rank(), buf)
+        assert pg.recv(buf, 0, tag=9) == 0 and (buf == -1.0).all()
+    if rank in (1, 2):
+        peer = 3 - rank
+        w = pg.irecv(np.zeros(1), peer, group=g, tag=3)
+        pg.send(np.zeros(1), peer, group=g, tag=3)
+        w.wait()
+        assert w.source_rank() == peer
+
+
+@check
 def check_buffer_protocol(rank: int, size: int, opts: dict[str, Any]) -> None:
     arr = pyarray.array("d", [float(rank)] * 5)
     pg.all_reduce(arr)

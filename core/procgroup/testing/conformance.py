@@ -88,6 +88,8 @@ class ConformanceSuite:
     unsupported: ClassVar[dict[str, str]] = {}
     #: Whether a dead peer makes survivors raise (MPI aborts the whole job instead).
     survivors_raise: ClassVar[bool] = True
+    #: Environment of every rank (e.g. a backend switch such as PROCGROUP_TCP_SHM=0).
+    env: ClassVar[dict[str, str]] = {}
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -107,6 +109,7 @@ class ConformanceSuite:
         if isinstance(setup, staticmethod):
             setup = setup.__func__
         kw.setdefault("timeout", cls.timeout)
+        kw.setdefault("env", dict(cls.env))
         return spawn(fn, size, cls.backend, launcher=cls.launcher, init_method=cls.init_method,
                      setup=setup, **kw)
 
