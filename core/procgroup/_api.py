@@ -248,7 +248,9 @@ def _devices(g: Group) -> tuple[str, ...]:
     return getattr(g.channel, "devices", None) or g.spec.devices
 
 
-def _prepare(g: Group, array: Any, name: str, op: str, *, writable: bool) -> _Prepared:
+def _prepare(g: Group, array: Any, name: str, op: str, *, writable: bool, reads: bool = True) -> _Prepared:
+    """What the channel gets for ``array``; ``reads=False``: the op only writes it, so a
+    staged CUDA array needs no copy to the host first."""
     if type(array) is np.ndarray and arrays.CPU in g.spec.devices and array.flags.c_contiguous \
             and (array.flags.writeable or not writable) and array.dtype.kind in "biufc":
         return _Prepared(array, array, False, array.dtype, array.size)  # the common case, fast
@@ -260,7 +262,7 @@ def _prepare(g: Group, array: Any, name: str, op: str, *, writable: bool) -> _Pr
             if writable and info.read_only:
                 raise InvalidArrayError(f"{name} is read-only, but {op} writes its result into it")
             return _Prepared(array, array, False, info.dtype, info.nbytes // max(info.dtype.itemsize, 1))
-        return _host(arrays.stage_to_host(array, name=name, writable=writable), array, staged=True)
+        return _host(arrays.stage_to_host(array, name=name, writable=writable, copy=reads), array, staged=True)
     if arrays.CPU not in devices:
         raise UnsupportedOperationError(
             f"{op}: backend {g.backend!r} moves CUDA arrays only, but {name} is in host memory; "
@@ -269,14 +271,16 @@ def _prepare(g: Group, array: Any, name: str, op: str, *, writable: bool) -> _Pr
     return _host(arrays.as_host_array(array, name=name, writable=writable), array, staged=False)
 
 
-def _prepare_list(g: Group, items: Any, name: str, op: str, like: _Prepared, *, writable: bool) -> list[_Prepared]:
+def _prepare_list(g: Group, items: Any, name: str, op: str, like: _Prepared | None, *, writable: bool,
+                  reads: bool = True) -> list[_Prepared]:
+    """One array per rank, each like ``like`` (or like the first, when None)."""
     if not isinstance(items, (list, tuple)):
         raise InvalidArgumentError(f"{op}: {name} must be a list of arrays, got {type(items).__name__}")
     if len(items) != g.size:
         raise InvalidArgumentError(f"{op}: {name} has {len(items)} arrays but the group has {g.size} ranks")
-    out = [_prepare(g, a, f"{name}[{i}]", op, writable=writable) for i, a in enumerate(items)]
+    out = [_prepare(g, a, f"{name}[{i}]", op, writable=writable, reads=reads) for i, a in enumerate(items)]
     for i, p in enumerate(out):
-        _same_layout(p, like, f"{name}[{i}]", op)
+        _same_layout(p, like or out[0], f"{name}[{i}]", op)
     return out
 
 
@@ -379,7 +383,7 @@ def recv(array: Any, src: int | None = None, group: Any = None, tag: int = 0) ->
     g = _member(group, "recv")
     _check_tag(tag, "recv")
     peer = None if src is None else _peer(g, src, "src", "recv")
-    p = _prepare(g, array, "array", "recv", writable=True)
+    p = _prepare(g, array, "array", "recv", writable=True, reads=False)
     try:
         sender = g.channel.recv(p.native, peer, tag)  # type: ignore[union-attr]
     except ProcGroupError as exc:
@@ -403,7 +407,7 @@ def irecv(array: Any, src: int | None = None, group: Any = None, tag: int = 0) -
     g = _member(group, "irecv")
     _check_tag(tag, "irecv")
     peer = None if src is None else _peer(g, src, "src", "irecv")
-    p = _prepare(g, array, "array", "irecv", writable=True)
+    p = _prepare(g, array, "array", "irecv", writable=True, reads=False)
     work = g.channel.irecv(p.native, peer, tag)  # type: ignore[union-attr]
     return _ThenWork(work, _copy_back([p]), result_map=g.global_rank)
 
@@ -413,7 +417,7 @@ def broadcast(array: Any, src: int, group: Any = None, async_op: bool = False) -
     """Copy world rank ``src``'s array into every member's array."""
     g = _member(group, "broadcast")
     root = g.group_rank(src, "src")
-    p = _prepare(g, array, "array", "broadcast", writable=True)
+    p = _prepare(g, array, "array", "broadcast", writable=True, reads=g.rank == root)
     return _execute(g, "broadcast", (p.native, root), [p], async_op)
 
 
@@ -438,7 +442,7 @@ def all_gather(array_list: list[Any], array: Any, group: Any = None, async_op: b
     """array_list[i] receives member i's array, on every member."""
     g = _member(group, "all_gather")
     p = _prepare(g, array, "array", "all_gather", writable=False)
-    outs = _prepare_list(g, array_list, "array_list", "all_gather", p, writable=True)
+    outs = _prepare_list(g, array_list, "array_list", "all_gather", p, writable=True, reads=False)
     return _execute(g, "all_gather", ([o.native for o in outs], p.native), outs, async_op)
 
 
@@ -452,7 +456,7 @@ def gather(array: Any, gather_list: list[Any] | None = None, dst: int = 0, group
     if g.rank == root:
         if gather_list is None:
             raise InvalidArgumentError(f"gather: rank {dst} is dst and must pass gather_list")
-        outs = _prepare_list(g, gather_list, "gather_list", "gather", p, writable=True)
+        outs = _prepare_list(g, gather_list, "gather_list", "gather", p, writable=True, reads=False)
     elif gather_list:
         raise InvalidArgumentError(f"gather: only dst (rank {dst}) passes gather_list")
     native = [o.native for o in outs] if outs else None
@@ -464,7 +468,7 @@ def scatter(array: Any, scatter_list: list[Any] | None = None, src: int = 0, gro
     """Member i receives scatter_list[i] from world rank ``src`` into ``array``."""
     g = _member(group, "scatter")
     root = g.group_rank(src, "src")
-    p = _prepare(g, array, "array", "scatter", writable=True)
+    p = _prepare(g, array, "array", "scatter", writable=True, reads=False)
     ins: list[_Prepared] = []
     if g.rank == root:
         if scatter_list is None:
@@ -480,7 +484,7 @@ def reduce_scatter(output: Any, input_list: list[Any], op: ReduceOp = ReduceOp.S
                    async_op: bool = False) -> Work | None:
     """output = op over members of their input_list[my rank]."""
     g = _member(group, "reduce_scatter")
-    p = _prepare(g, output, "output", "reduce_scatter", writable=True)
+    p = _prepare(g, output, "output", "reduce_scatter", writable=True, reads=False)
     check_op_dtype(op, p.dtype)
     ins = _prepare_list(g, input_list, "input_list", "reduce_scatter", p, writable=False)
     return _execute(g, "reduce_scatter", (p.native, [i.native for i in ins], op), [p], async_op)
@@ -492,9 +496,8 @@ def all_to_all(output_list: list[Any], input_list: list[Any], group: Any = None,
     g = _member(group, "all_to_all")
     if not isinstance(input_list, (list, tuple)) or not input_list:
         raise InvalidArgumentError("all_to_all: input_list must be a non-empty list of arrays")
-    first = _prepare(g, input_list[0], "input_list[0]", "all_to_all", writable=False)
-    ins = _prepare_list(g, input_list, "input_list", "all_to_all", first, writable=False)
-    outs = _prepare_list(g, output_list, "output_list", "all_to_all", first, writable=True)
+    ins = _prepare_list(g, input_list, "input_list", "all_to_all", None, writable=False)
+    outs = _prepare_list(g, output_list, "output_list", "all_to_all", ins[0], writable=True, reads=False)
     return _execute(g, "all_to_all", ([o.native for o in outs], [i.native for i in ins]), outs, async_op)
 
 

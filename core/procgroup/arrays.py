@@ -146,17 +146,19 @@ def _memcpy(dst: int, src: int, nbytes: int, *, host_backed: bool, to_device: bo
     cupy.cuda.runtime.memcpy(dst, src, nbytes, kind)
 
 
-def stage_to_host(array: Any, *, name: str = "array", writable: bool = True) -> np.ndarray:
-    """Copy a device array into a new host array (for backends without CUDA support).
+def stage_to_host(array: Any, *, name: str = "array", writable: bool = True, copy: bool = True) -> np.ndarray:
+    """A host array for a device array (for backends without CUDA support).
 
     The caller runs the op on the result and then calls :func:`copy_back` when the op
-    writes into the array. One helper serves every CPU backend (tcp, mpi, gloo).
+    writes into the array. ``copy=False`` skips the device-to-host copy for arrays the
+    op only writes (receive buffers). One helper serves every CPU backend.
     """
     info = cuda_info(array, name=name)
     if writable and info.read_only:
         raise InvalidArrayError(f"{name} is read-only, but this op writes its result into it")
     host = np.empty(info.shape, dtype=info.dtype)
-    _memcpy(host.ctypes.data, info.ptr, info.nbytes, host_backed=info.host_backed, to_device=False)
+    if copy:
+        _memcpy(host.ctypes.data, info.ptr, info.nbytes, host_backed=info.host_backed, to_device=False)
     return host
 
 

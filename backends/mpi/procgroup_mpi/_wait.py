@@ -15,8 +15,9 @@ that is late to a collective) do not starve an oversubscribed machine:
 
 A request still pending at the deadline is not freed (MPI cannot cancel collectives or,
 portably, sends): it stays referenced by the channel so its buffers stay alive, and the
-op may still complete later. Only receives are cancelled (``MPI_Cancel`` is reliable
-for them), so a timed-out recv cannot swallow a later message.
+op may still complete later. Only receives that outlive the channel timeout are cancelled
+(``MPI_Cancel`` is reliable for them), so a timed-out recv cannot swallow a later message;
+a caller's ``Work.wait(timeout)`` cancels nothing, and a later wait can still succeed.
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ class MpiWork(Work):
             try:
                 wait_requests(self._requests, limit, self.op, self._status)
             except CommTimeoutError as exc:
+                if timeout is not None:
+                    raise  # the caller's own limit: the op stays pending, a later wait gets it
                 if self._is_recv and cancel_recv(self._requests[0], self._status):
                     self._done = True
                     self._error = exc

@@ -201,6 +201,7 @@ class MpiChannel(DataChannel):
             wait_requests(requests, self.timeout, op)
         except CommTimeoutError as exc:
             self._pending.extend(requests)
+            self._pending.append(finish)  # keeps its buffers alive while MPI may use them
             raise CommTimeoutError(
                 f"{op} did not complete within {self.timeout:g}s: not every member joined it "
                 f"(MPI cannot say which; waiting on {self._others()})",
@@ -302,9 +303,17 @@ class MpiChannel(DataChannel):
             # MPI_Reduce_scatter takes one contiguous send buffer: the one copy of this
             # backend, only when input_list is not already views of one buffer.
             send = [self._concatenate(input_list), dt]
-        # mpi4py's request holds the send buffer (the staging copy too) until it completes
         req = self._comm.Ireduce_scatter_block(send, [output, dt], op_for(op, output))
-        return [req], self._averager(output, op)
+        average = self._averager(output, op)
+
+        def finish() -> None:
+            # holds the send buffer (a 16 MiB concatenation, say) until MPI is done with it:
+            # a freed buffer is reused by the next allocation while MPI still reads it
+            del send[:]
+            if average is not None:
+                average()
+
+        return [req], finish
 
     def _concatenate(self, arrays: Sequence[Any]) -> Any:
         if all(isinstance(a, np.ndarray) for a in arrays):

@@ -37,7 +37,7 @@ def all_reduce(ch: "TcpChannel", array: Any, op: ReduceOp, tag: int) -> None:
 
 
 def _segments(arr: np.ndarray, seg_elems: int) -> list[np.ndarray]:
-    return [arr[i : i + seg_elems] for i in range(0, max(arr.size, 1), seg_elems)] if arr.size else [arr]
+    return [arr[i : i + seg_elems] for i in range(0, arr.size, seg_elems)] if arr.size else [arr]
 
 
 def pipelined_ring_all_reduce(ch: "TcpChannel", array: np.ndarray, op: ReduceOp, tag: int) -> None:
