@@ -10,7 +10,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+
 from procgroup.testing import ConformanceSuite, mpiexec_command, spawn
+from procgroup.testing._huge import over_2gib, skip_unless_memory
 
 pytest.importorskip("mpi4py", reason="the mpi backend needs mpi4py (pip install 'procgroup-mpi[mpich]')")
 
@@ -303,36 +305,10 @@ def test_uncaught_exception_aborts_the_job(tmp_path: Any) -> None:
     assert "finished" not in proc.stdout
 
 
-def _large(rank: int, size: int, nbytes: int) -> dict[str, Any]:
-    """Counts over INT_MAX: broadcast, send/recv and all_reduce of > 2 GiB of uint8."""
-    import procgroup as pg
-
-    buf = np.empty(nbytes, dtype=np.uint8)
-    buf[:] = 3 if rank == 0 else 0
-    buf[-1] = 9 if rank == 0 else 0
-    pg.broadcast(buf, 0)
-    out = {"bcast": bool(buf[0] == 3 and buf[-1] == 9 and buf[nbytes // 2] == 3)}
-    if rank == 1:
-        buf[:] = 0
-        pg.recv(buf, 0)
-    elif rank == 0:
-        buf[-1] = 11
-        pg.send(buf, 1)
-    out["p2p"] = bool(buf[0] == 3 and buf[-1] == 11 and buf[nbytes // 3] == 3)
-    pg.all_reduce(buf, op=pg.ReduceOp.MAX)
-    out["max"] = bool(buf[0] == 3 and buf[-1] == 11)
-    return out
-
-
 @pytest.mark.skipif(os.environ.get("PROCGROUP_SKIP_HUGE") == "1", reason="PROCGROUP_SKIP_HUGE=1")
 def test_messages_over_2gib() -> None:
-    try:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        avail = 0
     nbytes = 2**31 + 4099  # an element count over INT_MAX: MPI-4 large counts
-    if avail < 5 * nbytes:
-        pytest.skip(f"needs ~{5 * nbytes / 2**30:.0f} GiB free memory, {avail / 2**30:.1f} GiB available")
-    results = spawn(_large, 2, "mpi", args=(nbytes,), launcher="mpiexec", init_method=None, timeout=300,
+    skip_unless_memory(5 * nbytes)
+    results = spawn(over_2gib, 2, "mpi", args=(nbytes,), launcher="mpiexec", init_method=None, timeout=300,
                     job_timeout=500)
     assert results == [{"bcast": True, "p2p": True, "max": True}] * 2

@@ -12,8 +12,10 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 
 from procgroup.testing import ConformanceSuite, spawn
+from procgroup.testing._huge import over_2gib, skip_unless_memory
 
 
 class TestTcpConformance(ConformanceSuite):
@@ -74,3 +76,13 @@ def test_shared_memory_refuses_arrays_that_differ_across_ranks() -> None:
         assert len(seen) == 3 and all("disagree" in m for m in seen[:2]), seen
         assert f"rank(s) {1 - rank}" in seen[0], seen
         assert seen[2] == "2.0"
+
+
+@pytest.mark.skipif(os.environ.get("PROCGROUP_SKIP_HUGE") == "1", reason="PROCGROUP_SKIP_HUGE=1")
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_messages_over_2gib(shm: str) -> None:
+    """64-bit frame lengths on the sockets, and pieces on the shared-memory path."""
+    nbytes = 2**31 + 4099
+    skip_unless_memory(5 * nbytes)
+    results = spawn(over_2gib, 2, args=(nbytes,), timeout=300, job_timeout=500, env={"PROCGROUP_TCP_SHM": shm})
+    assert results == [{"bcast": True, "p2p": True, "max": True}] * 2

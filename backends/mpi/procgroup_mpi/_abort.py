@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from types import TracebackType
 from typing import Any
 
@@ -46,6 +47,9 @@ def install(comm: Any) -> None:
                 )
                 sys.stderr.flush()
                 sys.stdout.flush()
+                # mpiexec forwards our output through a pipe; Abort kills the job at once,
+                # so give the forwarder a moment to read the traceback first
+                time.sleep(0.3)
             finally:
                 comm.Abort(code)
 

@@ -22,6 +22,12 @@ log = logging.getLogger(__name__)
 _SMALL_FRAME = 64 * 1024  # header and payload go out in one write up to this size
 
 
+def left_error(global_rank: int) -> PeerError:
+    """A peer that said goodbye: it called destroy_process_group, or its process ended."""
+    return PeerError(f"rank {global_rank} has left the group (it called destroy_process_group or its "
+                     f"process exited)", rank=global_rank)
+
+
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 

@@ -34,8 +34,11 @@ from procgroup.config import ENV_SHM
 from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
 from procgroup.ops import ReduceOp, finish_average, reduce_into
 
+from ._conn import left_error
+
 if TYPE_CHECKING:
     from .channel import TcpChannel
+
 
 log = logging.getLogger(__name__)
 
@@ -220,8 +223,7 @@ class SharedMemoryArena:
         names = [self.channel.ctx.global_rank(k) for k in late]
         for k in late:
             if self.channel.peer_has_left(k):
-                raise PeerError(f"rank {self.channel.ctx.global_rank(k)} has left the group "
-                                f"(destroy_process_group)", rank=self.channel.ctx.global_rank(k))
+                raise left_error(self.channel.ctx.global_rank(k))
         if time.monotonic() > deadline:
             who = f"rank {names[0]}" if len(names) == 1 else f"ranks {names}"
             raise CommTimeoutError(f"timed out after {self.channel.timeout}s waiting for {who}",

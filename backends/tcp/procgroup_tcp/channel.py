@@ -30,7 +30,7 @@ from procgroup.errors import (
 )
 from procgroup.ops import ReduceOp
 
-from ._conn import Peer, connect_mesh
+from ._conn import Peer, connect_mesh, left_error
 from ._shm import SharedMemoryArena, host_identity, shm_possible
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class TcpChannel(DataChannel):
         if peer is None:
             raise PeerError(f"rank {self.ctx.global_rank(rank)} is not a peer of this channel", rank=rank)
         if peer.left:
-            raise PeerError(f"rank {peer.global_rank} has left the group (destroy_process_group)", rank=peer.global_rank)
+            raise left_error(peer.global_rank)
         return peer
 
     def _raise_if_unusable(self) -> None:
@@ -206,7 +206,7 @@ class TcpChannel(DataChannel):
 
     def peer_left(self, peer: Peer) -> None:
         """A goodbye frame: fail receives that wait on that peer alone."""
-        exc = PeerError(f"rank {peer.global_rank} has left the group (destroy_process_group)", rank=peer.global_rank)
+        exc = left_error(peer.global_rank)
         with self._lock:
             waiting = [r for r in self._posted if r.src == peer.rank]
             self._posted = [r for r in self._posted if r.src != peer.rank]
@@ -266,8 +266,7 @@ class TcpChannel(DataChannel):
                 self._raise_if_unusable()  # again, now that peer_failed cannot interleave
                 # what a departed peer sent before its goodbye is still delivered above
                 if peer is not None and peer.left:
-                    raise PeerError(f"rank {peer.global_rank} has left the group (destroy_process_group)",
-                                    rank=peer.global_rank)
+                    raise left_error(peer.global_rank)
                 self._posted.append(req)
         if ux is None:
             return _RecvWork(self, req)

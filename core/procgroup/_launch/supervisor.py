@@ -234,9 +234,9 @@ class Supervisor:
     # ----- reporting ----------------------------------------------------------------------
 
     def _root_cause(self) -> _Rank:
-        failed = [r for r in self._ranks if r.returncode not in (None, 0) and not r.stopped]
-        if not failed:
-            failed = [r for r in self._ranks if r.returncode not in (None, 0)]
+        # a rank the launcher stopped can still be the cause: it may have raised first and
+        # been tearing down while the peers it left behind failed and exited before it
+        failed = [r for r in self._ranks if r.returncode not in (None, 0)]
 
         def key(r: _Rank) -> tuple[float, int]:
             # earliest evidence of failure: when it recorded its exception, else when seen dead
