@@ -9,6 +9,7 @@ launcher, which forwards it to every rank in one place (and escalates to SIGKILL
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import signal
@@ -239,10 +240,12 @@ class Supervisor:
         failed = [r for r in self._ranks if r.returncode not in (None, 0)]
 
         def key(r: _Rank) -> tuple[float, int]:
-            # earliest evidence of failure: when it recorded its exception, else when seen dead
+            # earliest evidence of failure: when it recorded its exception, else when it was
+            # seen dead on its own; a rank we stopped without a record is never the cause
             rec = rankside.read_error_file(r.error_file)
             t = rec.get("time") if rec else None
-            return (min(r.detected, float(t)) if isinstance(t, (int, float)) else r.detected, r.rank)
+            own = math.inf if r.stopped else r.detected
+            return (min(own, float(t)) if isinstance(t, (int, float)) else own, r.rank)
 
         return min(failed, key=key)
 
@@ -315,8 +318,12 @@ class Supervisor:
                         None,
                     )
                     return EXIT_TIMEOUT
+                self._stop_all()  # first: the rank that raised may still be tearing down
                 root = self._root_cause()
-                self._stop_all()
+                if root.stopped and rankside.read_error_file(root.error_file):
+                    # it died of its uncaught exception (exit code 1); our SIGTERM only cut
+                    # its teardown short, after its peers had already noticed and failed
+                    root.returncode = 1
                 attempts = f"attempt {restart + 1} of {o.max_restarts + 1}"
                 self._summary(f"job failed ({attempts})", root)
                 if restart >= o.max_restarts:
