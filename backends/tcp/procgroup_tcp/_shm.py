@@ -49,7 +49,7 @@ _FLAG_STRIDE = 8
 _SEQ, _BARRIER = 0, 1
 _SMALL_SIG = (2, 4)  # (size, op) words of the small round, one pair per buffer parity
 _LARGE_SIG = 6
-_OPCODES = {"all_reduce": 1, "broadcast": 2, "reduce": 3, "all_gather": 4, "reduce_scatter": 5}
+_OPCODES = {"all_reduce": 1, "broadcast": 2, "reduce": 3, "all_gather": 4, "reduce_scatter": 5, "all_to_all": 6}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -395,3 +395,23 @@ class SharedMemoryArena:
                 if k != r:
                     reduce_into(op, acc, self._slot(k, out.dtype, count, offset=r * count))
             finish_average(op, acc, n)
+
+    @_guarded("all_to_all")
+    def all_to_all(self, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None:
+        """Each rank publishes inputs[j] at place j of its slot; rank r copies place r of each."""
+        outs = [o.reshape(-1) for o in outputs]
+        ins = [i.reshape(-1) for i in inputs]
+        n, r = self.size, self.rank
+        dtype = ins[0].dtype
+        self._large_begin(ins[0].nbytes, dtype)
+        outs[r][...] = ins[r]
+        for lo, hi in self._pieces(ins[0].size, dtype.itemsize, parts=n):
+            count = hi - lo
+            self._barrier_all()
+            for j in range(n):
+                if j != r:
+                    self._slot(r, dtype, count, offset=j * count)[...] = ins[j][lo:hi]
+            self._barrier_all()
+            for k in range(n):
+                if k != r:
+                    outs[k][lo:hi] = self._slot(k, dtype, count, offset=r * count)

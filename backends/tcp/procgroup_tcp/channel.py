@@ -347,6 +347,12 @@ class TcpChannel(DataChannel):
         elif output.size:
             self._shm.reduce_scatter(output, list(input_list), op)
 
+    def all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> None:
+        if self._shm is None:
+            super().all_to_all(output_list, input_list)
+        elif input_list[0].size:
+            self._shm.all_to_all(list(output_list), list(input_list))
+
     # ---------------------------------------------------------------- teardown
     def close(self) -> None:
         if self._closed:

@@ -275,6 +275,11 @@ def check_beyond_16mib(rank: int, size: int, opts: dict[str, Any]) -> None:
     pg.reduce_scatter(out, ins)
     want = expected_reduce([data(r * size + rank, per, "float32", salt=15) for r in range(size)], ReduceOp.SUM)
     assert_equal(out, want, "reduce_scatter beyond 16 MiB in total")
+    sent = [data(rank * size + j, per, "float32", salt=16) for j in range(size)]
+    got = [np.empty(per, dtype=np.float32) for _ in range(size)]
+    pg.all_to_all(got, sent)
+    for j in range(size):
+        assert_equal(got[j], data(j * size + rank, per, "float32", salt=16), f"all_to_all beyond 16 MiB, from {j}")
 
 
 @check
