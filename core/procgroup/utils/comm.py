@@ -48,7 +48,6 @@ __all__ = [
 
 _LOCAL_PROCESS_GROUP: Any = None
 _LOCAL_SIZE: int | None = None
-_CPU_GROUP: Any = None
 
 _MISSING_LOCAL_PG_ERROR = (
     "no local process group: call procgroup.utils.comm.create_local_process_group("
@@ -58,11 +57,10 @@ _MISSING_LOCAL_PG_ERROR = (
 
 
 def _reset_cache() -> None:
-    """Forget the cached local and CPU groups; ``destroy_process_group`` calls this."""
-    global _LOCAL_PROCESS_GROUP, _LOCAL_SIZE, _CPU_GROUP
+    """Forget the cached local group; ``destroy_process_group`` calls this."""
+    global _LOCAL_PROCESS_GROUP, _LOCAL_SIZE
     _LOCAL_PROCESS_GROUP = None
     _LOCAL_SIZE = None
-    _CPU_GROUP = None
 
 
 def _drop_if_stale() -> None:
@@ -71,10 +69,8 @@ def _drop_if_stale() -> None:
     A backstop for re-initialization in one process; ``destroy_process_group`` resetting
     the cache through :func:`_reset_cache` is the primary path.
     """
-    for cached in (_LOCAL_PROCESS_GROUP, _CPU_GROUP):
-        if cached is not None and getattr(cached, "channel", True) is None:
-            _reset_cache()
-            return
+    if _LOCAL_PROCESS_GROUP is not None and getattr(_LOCAL_PROCESS_GROUP, "channel", True) is None:
+        _reset_cache()
 
 
 def _initialized() -> bool:
@@ -197,23 +193,13 @@ def synchronize() -> None:
     pg.barrier()
 
 
-def _is_nccl() -> bool:
-    name = str(pg.get_backend()).lower()
-    return name.rsplit(".", 1)[-1] == "nccl"
-
-
 def _cpu_group() -> Any:
-    """The world group for host data: None (WORLD), or a cached tcp side group on nccl.
+    """The world's group for host data: the world itself or, on a CUDA-only backend
+    (nccl), the tcp side group procgroup's own object collectives use (made on first use,
+    collectively: every rank reaches it from the same call)."""
+    from procgroup._api import _resolve, host_group
 
-    Collective on nccl the first time: every rank reaches it from the same collective call.
-    """
-    global _CPU_GROUP
-    _drop_if_stale()
-    if not _is_nccl():
-        return None
-    if _CPU_GROUP is None:
-        _CPU_GROUP = pg.new_group(backend="tcp")
-    return _CPU_GROUP
+    return host_group(_resolve(None))
 
 
 def all_gather(data: Any, group: Any = None) -> list[Any]:
@@ -222,7 +208,7 @@ def all_gather(data: Any, group: Any = None) -> list[Any]:
         return [data]
     if group is None:
         group = _cpu_group()
-    world_size = get_world_size() if group is None else int(pg.get_world_size(group=group))
+    world_size = int(pg.get_world_size(group=group))
     if world_size == 1:
         return [data]
     output: list[Any] = [None] * world_size
@@ -236,7 +222,7 @@ def gather(data: Any, dst: int = 0, group: Any = None) -> list[Any]:
         return [data]
     if group is None:
         group = _cpu_group()
-    world_size = get_world_size() if group is None else int(pg.get_world_size(group=group))
+    world_size = int(pg.get_world_size(group=group))
     if world_size == 1:
         return [data]
     if get_rank() == dst:
