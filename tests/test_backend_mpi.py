@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest

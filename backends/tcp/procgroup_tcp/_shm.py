@@ -31,7 +31,7 @@ import numpy as np
 
 from procgroup.algorithms.ring import chunk_bounds
 from procgroup.config import ENV_SHM
-from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
+from procgroup.errors import CommTimeoutError, InvalidArrayError
 from procgroup.ops import ReduceOp, finish_average, reduce_into
 
 from ._conn import left_error
