@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import logging
 import socket
 import threading
@@ -19,13 +20,36 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_SMALL_FRAME = 64 * 1024  # header and payload go out in one write up to this size
 
 
 def left_error(global_rank: int) -> PeerError:
     """A peer that said goodbye: it called destroy_process_group, or its process ended."""
     return PeerError(f"rank {global_rank} has left the group (it called destroy_process_group or its "
                      f"process exited)", rank=global_rank)
+
+
+def fresh(exc: BaseException) -> BaseException:
+    """A new instance of a stored error, so each raise gets its own message and traceback."""
+    clone = copy.copy(exc)
+    clone.__cause__ = exc.__cause__
+    clone.__traceback__ = None
+    return clone
+
+
+def _send_all(sock: socket.socket, header: bytes, payload: memoryview) -> None:
+    """Header and payload in one gathered write (no copy, one syscall when it all fits)."""
+    parts = [memoryview(header), payload]
+    while parts:
+        sent = sock.sendmsg(parts)
+        while sent and parts:
+            if sent >= parts[0].nbytes:
+                sent -= parts[0].nbytes
+                parts.pop(0)
+            else:
+                parts[0] = parts[0][sent:]
+                sent = 0
+        while parts and parts[0].nbytes == 0:
+            parts.pop(0)
 
 
 def _tune(sock: socket.socket) -> None:
@@ -178,16 +202,12 @@ class Peer:
 
     def _write(self, view: memoryview, tag: int, dtype_char: bytes) -> None:
         if self._send_error is not None:
-            raise self._send_error
+            raise fresh(self._send_error)
         with self._send_lock:
             header = _wire.pack_header(_wire.KIND_DATA, dtype_char, tag, self._seq_out, view.nbytes)
             self._seq_out += 1
             try:
-                if view.nbytes <= _SMALL_FRAME:
-                    self.sock.sendall(header + view.tobytes())
-                else:
-                    self.sock.sendall(header)
-                    self.sock.sendall(view)
+                _send_all(self.sock, header, view)
             except socket.timeout:
                 # part of the frame may be out: the stream cannot be trusted any more
                 err = CommTimeoutError(

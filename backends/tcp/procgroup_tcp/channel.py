@@ -13,7 +13,6 @@ pending and later call raises :class:`~procgroup.errors.PeerError` naming that r
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 from typing import Any, Sequence
@@ -30,7 +29,7 @@ from procgroup.errors import (
 )
 from procgroup.ops import ReduceOp
 
-from ._conn import Peer, connect_mesh, left_error
+from ._conn import Peer, connect_mesh, fresh, left_error
 from ._shm import SharedMemoryArena, host_identity, shm_possible
 
 log = logging.getLogger(__name__)
@@ -384,13 +383,6 @@ def check_size(nbytes: int, dtype_char: bytes, req: _PostedRecv, sender: int) ->
             f"buffer has {req.view.nbytes} bytes of dtype {req.dtype}; size and dtype must match"
         )
 
-
-def fresh(exc: BaseException) -> BaseException:
-    """A new instance of a stored error, so each raise gets its own message and traceback."""
-    clone = copy.copy(exc)
-    clone.__cause__ = exc.__cause__
-    clone.__traceback__ = None
-    return clone
 
 
 __all__ = ["TcpChannel", "byte_view"]
