@@ -222,6 +222,58 @@ def test_mpi_specific_checks() -> None:
             assert res["odds"] == n_odd
 
 
+def _late_rank(rank: int, size: int) -> dict[str, Any]:
+    """The last rank comes late to an all_gather, then never to a new_group."""
+    import gc
+    import time
+
+    import procgroup as pg
+    from procgroup.errors import CommTimeoutError
+
+    out: dict[str, Any] = {}
+    late = size - 1
+    n = 8192  # 64 KiB per rank: freed memory of this size is reused by the next allocation
+    if rank == late:
+        time.sleep(3)
+    else:
+        outputs = [np.zeros(n) for _ in range(size)]
+        try:
+            pg.all_gather(outputs, np.full(n, rank + 1.0))
+            out["gather"] = "no timeout"
+        except CommTimeoutError as exc:
+            out["gather"] = str(exc)
+        del outputs  # MPI still owns these buffers until the late rank joins
+        gc.collect()
+        fresh = [np.full(n, -7.0) for _ in range(size)]
+    if rank == late:
+        outputs = [np.zeros(n) for _ in range(size)]
+        pg.all_gather(outputs, np.full(n, rank + 1.0))
+        out["late_gather"] = [float(o[0]) for o in outputs]
+    pg.barrier()  # after the late rank joined, the abandoned all_gather has completed
+    if rank != late:
+        out["fresh_intact"] = all(bool((f == -7.0).all()) for f in fresh)
+        try:
+            pg.new_group(list(range(size)))
+            out["new_group"] = "no timeout"
+        except CommTimeoutError as exc:
+            out["new_group"] = str(exc)
+    else:
+        time.sleep(3)
+    return out
+
+
+def test_late_rank_times_out_without_corrupting_memory() -> None:
+    size = 3
+    # timeout 2 s: the others give up on the all_gather at 2 s and wait in the barrier
+    # until 4 s; the late rank joins both at 3 s
+    results = spawn(_late_rank, size, "mpi", launcher="mpiexec", init_method=None, timeout=2.0)
+    assert results[-1]["late_gather"] == [float(r + 1) for r in range(size)]
+    for res in results[:-1]:
+        assert "all_gather" in res["gather"] and "did not complete" in res["gather"], res
+        assert res["fresh_intact"] is True, res  # the late op wrote into kept buffers, not into these
+        assert f"[{size - 1}] did not create the group" in res["new_group"], res
+
+
 def _file_rendezvous(rank: int, size: int, names: list[str], tmpdir: str) -> dict[str, str | None]:
     """The checks that need a shared Store, with file:// under mpiexec."""
     from procgroup.testing import _checks

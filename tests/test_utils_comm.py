@@ -89,6 +89,10 @@ if rank == 0:
     out["reduce_avg"] = {k: float(v) for k, v in avg.items()}
     out["reduce_sum"] = {k: float(v) for k, v in summed.items()}
     out["reduce_sum_acc_dtype"] = str(np.asarray(summed["acc"]).dtype)
+# ranks pass different number types for one key: still one well-defined sum
+mixed = comm.reduce_dict({"x": np.float32(0.5) if rank % 2 else 1}, average=False)
+if rank == 0:
+    out["reduce_mixed"] = float(mixed["x"])
 out["reduce_bad_shape"] = raises(InvalidArrayError, comm.reduce_dict, {"a": np.zeros(2), "b": 1.0})
 out["reduce_bad_type"] = raises(InvalidArrayError, comm.reduce_dict, {"a": "text"})
 comm.synchronize()
@@ -198,6 +202,7 @@ def test_reduce_dict(results: dict[int, dict[str, Any]]) -> None:
         {"loss": float(sum(ranks)), "acc": float(sum(2 * i for i in ranks)), "n": float(WORLD)}
     )
     assert r0["reduce_sum_acc_dtype"].startswith("float")  # stacked with float values
+    assert r0["reduce_mixed"] == pytest.approx(sum(0.5 if i % 2 else 1.0 for i in ranks))
     for r in results.values():
         assert r["reduce_avg_keys"] == ["acc", "loss", "n"]
         assert r["reduce_sum_keys"] == ["acc", "loss", "n"]

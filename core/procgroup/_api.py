@@ -8,6 +8,7 @@ then calls the group's DataChannel method directly.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -94,6 +95,9 @@ def init_process_group(
             raise
         world = Group(range(size), rank_, channel, spec, group_id=0)
         _state = _State(world=world, store=the_store, timeout=settings.timeout, master_addr=master_addr)
+        if arrays.CPU in _devices(world):
+            _set_world_all_reduce(channel.all_reduce if channel.native_order
+                                  else functools.partial(channel.run, "all_reduce"))
         # a script that just ends still says goodbye, so its peers see "left", not "died"
         atexit.register(destroy_process_group)
         log.info("rank %d of %d joined the %s process group", rank_, size, spec.name)
@@ -151,6 +155,7 @@ def destroy_process_group(group: Any = None) -> None:
         if group is not None and group is not GroupMember.WORLD and group is not _state.world:
             _close_group(group)
             return
+        _set_world_all_reduce(None)
         for g in reversed(_state.groups):
             _close_group(g)
         _close_group(_state.world)
@@ -252,7 +257,8 @@ def _prepare(g: Group, array: Any, name: str, op: str, *, writable: bool, reads:
     """What the channel gets for ``array``; ``reads=False``: the op only writes it, so a
     staged CUDA array needs no copy to the host first."""
     if type(array) is np.ndarray and arrays.CPU in g.spec.devices and array.flags.c_contiguous \
-            and (array.flags.writeable or not writable) and array.dtype.kind in "biufc":
+            and (array.flags.writeable or not writable) and array.dtype.kind in "biufc" \
+            and array.dtype.isnative:
         return _Prepared(array, array, False, array.dtype, array.size)  # the common case, fast
     device = arrays.device_of(array)
     devices = _devices(g)
@@ -421,11 +427,41 @@ def broadcast(array: Any, src: int, group: Any = None, async_op: bool = False) -
     return _execute(g, "broadcast", (p.native, root), [p], async_op)
 
 
+#: (op, dtype) pairs that passed check_op_dtype for a native NumPy array, and the world
+#: channel's blocking all_reduce when it takes host arrays: all_reduce's fast path, the
+#: call whose fixed cost decides small-message latency.
+_reduce_checked: dict[ReduceOp, set[np.dtype]] = {op: set() for op in ReduceOp}
+_world_all_reduce: Callable[[Any, ReduceOp], None] | None = None
+_ndarray = np.ndarray
+
+
+def _set_world_all_reduce(run: Callable[[Any, ReduceOp], None] | None) -> None:
+    global _world_all_reduce
+    _world_all_reduce = run
+
+
 def all_reduce(array: Any, op: ReduceOp = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
     """Reduce every member's array with ``op``; each gets the result in place."""
+    run = _world_all_reduce
+    if run is not None and group is None and not async_op and type(array) is _ndarray:
+        # what _member/_prepare/check_op_dtype check, for a world all_reduce of a NumPy
+        # array: a checked (op, dtype), C-contiguous, aligned and writeable ("carray")
+        try:
+            known = array.dtype in _reduce_checked[op]
+        except (KeyError, TypeError):  # a new or unhashable op: the slow path checks it
+            known = False
+        if known and array.flags.carray:
+            try:
+                run(array, op)
+            except ProcGroupError as exc:
+                _name_op(exc, "all_reduce", _world().world)
+                raise
+            return None
     g = _member(group, "all_reduce")
     p = _prepare(g, array, "array", "all_reduce", writable=True)
     check_op_dtype(op, p.dtype)
+    if type(p.original) is np.ndarray and p.native is p.original:
+        _reduce_checked[op].add(p.dtype)
     return _execute(g, "all_reduce", (p.native, op), [p], async_op)
 
 

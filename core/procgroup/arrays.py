@@ -73,6 +73,13 @@ def as_host_array(array: Any, *, name: str = "array", writable: bool = True) -> 
         raise InvalidArrayError(f"{name} is read-only, but this op writes its result into it")
     if arr.dtype.hasobject or arr.dtype.kind not in "biufc":
         raise InvalidArrayError(f"{name} has dtype {arr.dtype}; only numeric and bool dtypes move")
+    if not arr.dtype.isnative:
+        # transports and reductions read the machine's byte order; a swapped array would be
+        # summed (and sent) as garbage
+        raise InvalidArrayError(
+            f"{name} has non-native byte order (dtype {arr.dtype.str!r}); convert it with "
+            f"array.astype(array.dtype.newbyteorder('='))"
+        )
     return arr
 
 

@@ -205,6 +205,9 @@ class DataChannel(abc.ABC):
     #: Devices this instance takes directly, when it knows better than its BackendSpec
     #: (e.g. a CUDA-aware MPI adds "cuda"); None means the spec's ``devices``.
     devices: tuple[str, ...] | None = None
+    #: True when the transport itself keeps blocking collectives after earlier async ones
+    #: (MPI does): ``run`` is then the op itself, and the API may call the op directly.
+    native_order: bool = False
 
     @classmethod
     def discover_world(cls) -> tuple[int, int] | None:

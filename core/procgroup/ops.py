@@ -22,6 +22,10 @@ class ReduceOp(enum.Enum):
     BOR = "bor"
     BXOR = "bxor"
 
+    # members are singletons, so identity hashing is exact; Enum's own __hash__ is Python
+    # code, and (op, dtype) lookups run on every reducing call
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}"
 

@@ -20,7 +20,9 @@ closes this rank's gloo connections (peers blocked on it fail at once instead of
 
 from __future__ import annotations
 
+import copy
 import ctypes
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -64,13 +66,15 @@ class GlooChannel(DataChannel):
         if p2p is None:
             from procgroup_tcp.channel import TcpChannel
 
-            p2p = TcpChannel(ctx)
+            # point to point and fallbacks only: the tcp collectives' shared memory stays off
+            p2p = TcpChannel(dataclasses.replace(ctx, options={**ctx.options, "shm": False}))
         self._p2p = p2p
         self._root = root if root is not None else p2p  # the world's TcpChannel
         self._device = device
         self._context: Any = None
         self._broken: BaseException | None = None
         self._tag = 0
+        self._scratch = np.empty(0, dtype=np.uint8)  # reduce's output on non-roots, reused
         if ctx.size > 1:
             try:
                 if self._device is None:
@@ -117,7 +121,8 @@ class GlooChannel(DataChannel):
         if self._closed:
             raise ChannelClosedError("the gloo channel is closed (destroy_process_group was called)")
         if self._broken is not None:
-            raise self._broken
+            # a fresh copy each time: re-raising one instance would stack tracebacks on it
+            raise copy.copy(self._broken).with_traceback(None) from self._broken
 
     def _arrive(self, op: str) -> None:
         """Return once every rank entered this collective; else time out naming the absent."""
@@ -177,6 +182,12 @@ class GlooChannel(DataChannel):
             except RuntimeError:
                 log.debug("gloo closeConnections failed", exc_info=True)
 
+    def _scratch_like(self, a: np.ndarray) -> np.ndarray:
+        """A reused buffer shaped like ``a`` (gloo calls on a channel never overlap)."""
+        if self._scratch.nbytes < a.nbytes:
+            self._scratch = np.empty(a.nbytes, dtype=np.uint8)
+        return self._scratch[:a.nbytes].view(a.dtype).reshape(a.shape)
+
     # ------------------------------------------------------------------ collectives
     def broadcast(self, array: Any, src: int) -> None:
         if self.size == 1 or array.nbytes == 0:
@@ -206,7 +217,7 @@ class GlooChannel(DataChannel):
             return super().reduce(array, dst, op)
         a = flat(array, plan.view)
         # gloo accumulates into the output on every rank: non-roots keep their array intact
-        out = a if self.rank == dst else np.empty_like(a)
+        out = a if self.rank == dst else self._scratch_like(a)
         self._call("reduce", self._pg.reduce, address(a), address(out), a.size, plan.gloo_dtype,
                    plan.gloo_op, dst, self._next_tag())
         if self.rank == dst and plan.average:

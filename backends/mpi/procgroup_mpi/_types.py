@@ -108,6 +108,19 @@ def datatype_of(array: Any) -> Any:
         return dt
 
 
+_REDUCE_ARGS: dict[tuple[ReduceOp, Any], tuple[Any, Any]] = {}
+
+
+def reduce_args(op: ReduceOp, array: Any) -> tuple[Any, Any]:
+    """(MPI datatype, MPI op) for reducing ``array`` with ``op``, cached on (op, dtype)."""
+    key = (op, array.dtype)
+    try:
+        return _REDUCE_ARGS[key]
+    except KeyError:
+        args = _REDUCE_ARGS[key] = (datatype_of(array), op_for(op, array))
+        return args
+
+
 def op_for(op: ReduceOp, array: Any) -> Any:
     """:func:`mpi_op` through a dict keyed on the (singleton) op's id and the type code."""
     key = (id(op), array.dtype.char)
@@ -118,4 +131,4 @@ def op_for(op: ReduceOp, array: Any) -> Any:
         return mop
 
 
-__all__ = ["datatype_of", "mpi_datatype", "mpi_op", "op_for"]
+__all__ = ["datatype_of", "mpi_datatype", "mpi_op", "op_for", "reduce_args"]

@@ -30,7 +30,7 @@ from typing import Any
 
 from mpi4py import MPI
 from procgroup.channel import Work
-from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
+from procgroup.errors import CommTimeoutError, InvalidArgumentError, InvalidArrayError, PeerError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,18 @@ def translate(exc: BaseException, what: str) -> BaseException:
         return InvalidArrayError(
             f"{what}: the message is larger than the receive buffer ({text}); sizes must match"
         )
+    if cls in _ARGUMENT_ERRORS:
+        return InvalidArgumentError(f"{what}: MPI rejected the arguments (error class {cls}): {text}")
     return PeerError(f"{what}: MPI error class {cls}: {text}")
+
+
+#: MPI error classes that mean the call itself was wrong, not that a peer or link failed.
+_ARGUMENT_ERRORS = frozenset(
+    getattr(MPI, name) for name in (
+        "ERR_BUFFER", "ERR_COUNT", "ERR_TYPE", "ERR_TAG", "ERR_COMM", "ERR_RANK", "ERR_ROOT",
+        "ERR_GROUP", "ERR_OP", "ERR_ARG", "ERR_DIMS", "ERR_REQUEST",
+    ) if hasattr(MPI, name)
+)
 
 
 def _test(requests: Sequence[Any], status: Any) -> bool:
@@ -91,6 +102,18 @@ def wait_requests(requests: Sequence[Any], timeout: float, what: str, status: An
     except MPI.Exception as exc:
         raise translate(exc, what) from None
     raise CommTimeoutError(f"{what} did not complete within {timeout:g}s", op=what.split(" ")[0])
+
+
+def requests_done(requests: Sequence[Any]) -> bool:
+    """True when MPI is finished with every request (an error counts as finished)."""
+    try:
+        return bool(MPI.Request.Testall(requests))
+    except MPI.Exception:
+        return True
+
+
+#: (requests, buffers) of Works dropped before their op completed; see MpiWork.__del__.
+_orphans: list[tuple[list[Any], Any]] = []
 
 
 def cancel_recv(request: Any, status: Any) -> bool:
@@ -170,8 +193,20 @@ class MpiWork(Work):
     def exception(self) -> BaseException | None:
         return self._error if self._done else None
 
+    def __del__(self) -> None:
+        # Dropping the last reference to a pending Work would free its requests and
+        # buffers while MPI still uses them: park both until MPI is done.
+        if self._done or MPI.Is_finalized():
+            return
+        try:
+            if not requests_done(self._requests):
+                _orphans[:] = [(r, k) for r, k in _orphans if not requests_done(r)]
+                _orphans.append((self._requests, (self._keep, self._finish, self._status)))
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
     def result(self) -> Any:
         return self._value if self._done and self._error is None else None
 
 
-__all__ = ["MpiWork", "cancel_recv", "translate", "wait_requests"]
+__all__ = ["MpiWork", "cancel_recv", "requests_done", "translate", "wait_requests"]

@@ -40,12 +40,13 @@ from procgroup.errors import (
     CommTimeoutError,
     InvalidArgumentError,
     InvalidArrayError,
+    StoreTimeoutError,
 )
 from procgroup.ops import ReduceOp, finish_average
 
 from . import _abort, _cuda
-from ._types import datatype_of, op_for
-from ._wait import MpiWork, cancel_recv, translate, wait_requests
+from ._types import _REDUCE_ARGS, datatype_of, op_for, reduce_args
+from ._wait import MpiWork, cancel_recv, requests_done, translate, wait_requests
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ _USER_TAG_LIMIT = 2**31
 _fromaddress = MPI.buffer.fromaddress
 _IN_PLACE = MPI.IN_PLACE
 _BYTE = MPI.BYTE
+_AVG = ReduceOp.AVG
+_ADDRESS_BYTES = 512
+#: Test calls all_reduce makes before the timed poll of _wait (about 0.1-0.2 ms).
+_SPIN_TESTS = range(1000)
 
 
 def _address(array: Any) -> int:
@@ -94,10 +99,29 @@ def _is_adjacent(arrays: Sequence[Any]) -> bool:
     return True
 
 
+def _members_arrived(ctx: ChannelContext) -> None:
+    """Return once every member reached the group's creation, else time out naming who did not.
+
+    ``MPI_Comm_create_group`` blocks until all members call it and has no timeout; a
+    member that never comes would hang the others. The group's Store is the witness.
+    """
+    ctx.store.set(f"mpi/arrived/{ctx.rank}", b"1")
+    keys = [f"mpi/arrived/{r}" for r in range(ctx.size)]
+    try:
+        ctx.store.wait(keys, timeout=ctx.timeout)
+    except StoreTimeoutError:
+        missing = [ctx.global_rank(r) for r, k in enumerate(keys) if not ctx.store.check([k])]
+        raise CommTimeoutError(
+            f"new_group: rank(s) {missing} did not create the group within {ctx.timeout:g}s",
+            op="new_group", ranks=missing,
+        ) from None
+
+
 class MpiChannel(DataChannel):
     """The mpi backend's communicator; see the module docstring for the mapping."""
 
     backend_name = "mpi"
+    native_order = True  # MPI runs a communicator's collectives in the order they were issued
 
     @classmethod
     def discover_world(cls) -> tuple[int, int]:
@@ -117,15 +141,25 @@ class MpiChannel(DataChannel):
 
         if size == 1:
             return HashStore()
-        world = MPI.COMM_WORLD
         store = TCPStore("", 0, is_master=True, timeout=timeout) if rank == 0 else None
-        address = world.bcast((choose_address(None), store.port) if store is not None else None, root=0)
-        return store if store is not None else TCPStore(address[0], address[1], timeout=timeout)
+        # "host port" in a fixed-size buffer, broadcast nonblocking so a rank 0 that failed
+        # above is a timeout on the others, not a hang
+        buf = bytearray(_ADDRESS_BYTES)
+        if store is not None:
+            text = f"{choose_address(None)} {store.port}".encode()
+            buf[:len(text)] = text
+        req = MPI.COMM_WORLD.Ibcast([buf, _BYTE], root=0)
+        wait_requests([req], timeout, f"the Store address from rank 0 (rank {rank} waited)")
+        if store is not None:
+            return store
+        host, port = bytes(buf).rstrip(b"\0").decode().rsplit(" ", 1)
+        return TCPStore(host, int(port), timeout=timeout)
 
     def __init__(self, ctx: ChannelContext, comm: Any = None) -> None:
         super().__init__(ctx)
-        self._pending: list[Any] = []  # requests abandoned at a timeout; keeps buffers alive
+        self._pending: list[tuple[list[Any], Any]] = []  # (requests, buffers) abandoned at a timeout
         self._comm = comm if comm is not None else self._base_comm(ctx)
+        self._iallreduce = self._comm.Iallreduce
         ub = _tag_ub()
         self._bits = (ub + 1).bit_length() - 1
         self._mask = (1 << self._bits) - 1
@@ -160,6 +194,7 @@ class MpiChannel(DataChannel):
         members = list(ctx.global_ranks)
         if (ctx.group_id != 0 and len(members) == ctx.size and all(0 <= r < wsize for r in members)
                 and members[ctx.rank] == wrank):
+            _members_arrived(ctx)
             group = world.Get_group().Incl(members)
             try:
                 return world.Create_group(group, tag=ctx.group_id % (_tag_ub() + 1))
@@ -184,24 +219,32 @@ class MpiChannel(DataChannel):
         if self._closed:
             raise ChannelClosedError("the mpi channel is closed (destroy_process_group was called)")
 
-    def _wait(self, requests: list[Any], what: str, status: Any = None) -> None:
+    def _wait(self, requests: list[Any], what: str, keep: Any) -> None:
         try:
-            wait_requests(requests, self.timeout, what, status)
+            wait_requests(requests, self.timeout, what)
         except CommTimeoutError:
-            self._pending.extend(requests)
+            self._abandon(requests, keep)
             raise
+
+    def _abandon(self, requests: list[Any], keep: Any) -> None:
+        """Hold a timed-out op's requests and buffers: MPI may still read or write them."""
+        self._pending = [(r, k) for r, k in self._pending if not requests_done(r)]
+        self._pending.append((list(requests), keep))
 
     def _others(self) -> str:
         others = [self.ctx.global_rank(r) for r in range(self.size) if r != self.rank]
         return ", ".join(f"rank {r}" for r in others)
 
-    def _run(self, op: str, requests: list[Any], finish: Any = None) -> None:
-        """Wait for a collective's requests with the channel timeout, then ``finish``."""
+    def _run(self, op: str, requests: list[Any], finish: Any = None, keep: Any = None) -> None:
+        """Wait for a collective's requests with the channel timeout, then ``finish``.
+
+        ``keep`` (the op's arrays) and ``finish`` (which may hold a send buffer) outlive a
+        timeout with the requests, so MPI never writes into memory that was freed.
+        """
         try:
             wait_requests(requests, self.timeout, op)
         except CommTimeoutError as exc:
-            self._pending.extend(requests)
-            self._pending.append(finish)  # keeps its buffers alive while MPI may use them
+            self._abandon(requests, (keep, finish))
             raise CommTimeoutError(
                 f"{op} did not complete within {self.timeout:g}s: not every member joined it "
                 f"(MPI cannot say which; waiting on {self._others()})",
@@ -218,7 +261,7 @@ class MpiChannel(DataChannel):
             req = comm.Isend([array, datatype_of(array)], dst, mtag)
         except MPI.Exception as exc:
             raise translate(exc, "send") from None
-        self._wait([req], f"send to rank {self.ctx.global_rank(dst)} (tag {tag})")
+        self._wait([req], f"send to rank {self.ctx.global_rank(dst)} (tag {tag})", keep=array)
 
     def isend(self, array: Any, dst: int, tag: int = 0) -> Work:
         self._check()
@@ -343,43 +386,52 @@ class MpiChannel(DataChannel):
         except MPI.Exception as exc:
             raise translate(exc, op) from None
 
+    def _collective(self, op: str, args: tuple[Any, ...]) -> None:
+        requests, finish = self._start(op, args)
+        self._run(op, requests, finish, keep=args)
+
     def broadcast(self, array: Any, src: int) -> None:
-        self._run("broadcast", *self._start("broadcast", (array, src)))
+        self._collective("broadcast", (array, src))
 
     def all_reduce(self, array: Any, op: ReduceOp) -> None:
         # the latency-critical op, inlined: one nonblocking call, then Test until done
         if self._closed:
             self._check()
+        types = _REDUCE_ARGS.get((op, array.dtype)) or reduce_args(op, array)
         try:
-            req = self._comm.Iallreduce(_IN_PLACE, [array, datatype_of(array)], op_for(op, array))
-            done = req.Test()
+            req = self._iallreduce(_IN_PLACE, [array, types[0]], types[1])
+            if not req.Test():
+                test = req.Test
+                for _ in _SPIN_TESTS:  # the bare poll loop first: a small op ends within it
+                    if test():
+                        break
+                else:
+                    self._run("all_reduce", [req], keep=array)
         except MPI.Exception as exc:
             raise translate(exc, "all_reduce") from None
-        if not done:
-            self._run("all_reduce", [req])
-        if op is ReduceOp.AVG and self.size > 1:
+        if op is _AVG and self.size > 1:
             finish_average(op, array, self.size)
 
     def reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
-        self._run("reduce", *self._start("reduce", (array, dst, op)))
+        self._collective("reduce", (array, dst, op))
 
     def all_gather(self, output_list: Sequence[Any], array: Any) -> None:
-        self._run("all_gather", *self._start("all_gather", (output_list, array)))
+        self._collective("all_gather", (output_list, array))
 
     def gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
-        self._run("gather", *self._start("gather", (array, gather_list, dst)))
+        self._collective("gather", (array, gather_list, dst))
 
     def scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
-        self._run("scatter", *self._start("scatter", (array, scatter_list, src)))
+        self._collective("scatter", (array, scatter_list, src))
 
     def reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
-        self._run("reduce_scatter", *self._start("reduce_scatter", (output, input_list, op)))
+        self._collective("reduce_scatter", (output, input_list, op))
 
     def all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> None:
-        self._run("all_to_all", *self._start("all_to_all", (output_list, input_list)))
+        self._collective("all_to_all", (output_list, input_list))
 
     def barrier(self) -> None:
-        self._run("barrier", *self._start("barrier", ()))
+        self._collective("barrier", ())
 
     def submit(self, op: str, *args: Any) -> Work:
         """The native nonblocking collective as a Work (MPI keeps collectives in issue order)."""
@@ -394,6 +446,7 @@ class MpiChannel(DataChannel):
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> MpiChannel:
         """A channel over ``MPI_Comm_create_group`` of the members (only they call it)."""
         self._check()
+        _members_arrived(ctx)
         group = self._comm.Get_group().Incl(list(ranks))
         try:
             comm = self._comm.Create_group(group, tag=ctx.group_id & self._mask)

@@ -141,7 +141,8 @@ class TcpChannel(DataChannel):
         try:
             for peer in self._peers.values():
                 peer.start_reader()
-            if self._all_on_one_host():
+            # option shm=False: a channel whose collectives never run here (gloo's side channel)
+            if ctx.options.get("shm", True) and self._all_on_one_host():
                 self._shm = SharedMemoryArena.open(self)  # None: /dev/shm refused, sockets it is
         except BaseException:
             self.close()

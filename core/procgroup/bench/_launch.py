@@ -15,12 +15,12 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+from procgroup._launch.ports import PortReservation
 from procgroup.errors import InvalidArgumentError
 
 from ._options import Options
@@ -84,10 +84,8 @@ def _die_with_parent() -> None:
 def spawn_job(opts: Options, argv: list[str]) -> int:
     """Start the ranks of this run on this host, wait (bounded by --job-timeout), return status."""
     use_mpi = needs_mpiexec(opts)
-    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    holder.bind(("127.0.0.1", 0))  # held (never listening) so no one else takes the port
-    port = holder.getsockname()[1]
+    holder = PortReservation("127.0.0.1")  # procgroup-run's: held all job, no bind race
+    port = holder.port
     tmp = tempfile.mkdtemp(prefix="procgroup-bench-")
     how = f"procgroup-bench -n {opts.nprocs} ({'mpiexec' if use_mpi else 'subprocesses'}, env:// on loopback)"
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),

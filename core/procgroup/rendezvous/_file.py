@@ -165,12 +165,13 @@ class FileStore(Store):
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         key = check_key(key)
-        self.wait([key], timeout)
-        with self._locked(False):
-            if key in self._data:
-                return self._data[key]
-        # deleted between wait and read: wait again with what is left of the budget
-        return self.get(key, timeout)
+        deadline = time.monotonic() + check_timeout(timeout, self.timeout)
+        while True:
+            self.wait([key], max(deadline - time.monotonic(), 0.0))
+            with self._locked(False):
+                if key in self._data:
+                    return self._data[key]
+            # deleted between wait and read: wait again with what is left of the budget
 
     def add(self, key: str, amount: int = 1) -> int:
         key = check_key(key)

@@ -121,6 +121,9 @@ def create_local_process_group(num_workers_per_machine: int) -> None:
         )
     machine = get_rank() // n
     mine: Any = None
+    if n == world_size:  # one machine: its group is the world, no second communicator
+        _LOCAL_PROCESS_GROUP, _LOCAL_SIZE = pg.group.WORLD, n
+        return
     for i in range(world_size // n):  # every rank creates every group, in the same order
         group = pg.new_group(list(range(i * n, (i + 1) * n)))
         if i == machine:
@@ -242,8 +245,9 @@ def shared_random_seed() -> int:
 def reduce_dict(input_dict: Mapping[str, Any], average: bool = True) -> dict[str, Any]:
     """Sum (or average) same-keyed scalar values to rank 0, as detectron2 does.
 
-    Values: NumPy scalars / 0-d arrays / Python numbers (any same shape works). Rank 0 gets
-    the reduced values as 0-d NumPy arrays (averaged when ``average``); the other ranks get
+    Values: NumPy scalars / 0-d arrays / Python numbers (any same shape works), reduced as
+    float64 (complex128 for complex values) so ranks may pass different number types. Rank 0
+    gets the reduced values as 0-d NumPy arrays (averaged when ``average``); the other ranks get
     whatever their reduce buffer holds afterwards (detectron2's behaviour; do not use it).
     Keys are processed in sorted order, so every rank must pass the same keys.
     """
@@ -261,11 +265,9 @@ def reduce_dict(input_dict: Mapping[str, Any], average: bool = True) -> dict[str
         np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_
     ):
         raise InvalidArrayError(f"reduce_dict: values must be numbers, got dtype {values.dtype}")
-    if average and not np.issubdtype(values.dtype, np.inexact):
-        values = values.astype(np.float64)
-    elif values.dtype == np.bool_:
-        values = values.astype(np.int64)
-    values = np.ascontiguousarray(values)
+    # one dtype on every rank whatever each passed (a float32 loss here, a Python float
+    # there): the reduce must see the same bytes per value everywhere
+    values = np.ascontiguousarray(values, dtype=np.complex128 if values.dtype.kind == "c" else np.float64)
     group = _cpu_group()
     pg.reduce(values, dst=0, op=pg.ReduceOp.SUM, group=group)
     if get_rank() == 0 and average:
