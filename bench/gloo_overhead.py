@@ -1,0 +1,92 @@
+"""procgroup's gloo backend vs raw pygloo on the same gloo context: what procgroup adds.
+
+Run from the repository root with the dev venv (re-launches itself as 2 ranks through
+procgroup-run when started plainly)::
+
+    .venv/bin/python bench/gloo_overhead.py [--rounds 15] [--small-iters 300]
+
+Both contenders run in one job, on one gloo context (the channel's own), interleaved
+round by round so machine noise hits them alike: raw ``pygloo.allreduce`` on the
+array's pointer, and ``procgroup.all_reduce`` (the core's checks + the backend). Sizes
+8 B, 4 MiB and 64 MiB of float32, ring algorithm. Rank 0 prints medians over rounds and
+procgroup's speed relative to raw pygloo (1.00 = same; the goal is >= 0.95) as Markdown.
+bench/gloo_compare.py compares against torch.distributed's gloo, which needs separate jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+SIZES = ((8, "8 B"), (4 * 2**20, "4 MiB"), (64 * 2**20, "64 MiB"))
+
+
+def _relaunch(argv: list[str]) -> int:
+    cmd = [sys.executable, "-m", "procgroup.run", "--nproc-per-node", "2", "--no-prefix",
+           os.path.abspath(__file__), *argv]
+    return subprocess.call(cmd)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=15, help="rounds per size (median over rounds)")
+    parser.add_argument("--small-iters", type=int, default=300, help="calls per round at 8 B")
+    parser.add_argument("--large-iters", type=int, default=3, help="calls per round at 4 and 64 MiB")
+    args = parser.parse_args(argv)
+    if "RANK" not in os.environ:
+        sys.exit(_relaunch(argv))
+
+    import numpy as np
+    import procgroup as pg
+    import pygloo
+
+    pg.init_process_group("gloo")
+    channel = pg._api._resolve(None).channel
+    context = channel._context  # the channel's own gloo context: same transport for both
+    f32 = pygloo.glooDataType_t.glooFloat32
+    ring = pygloo.allreduceAlgorithm.RING
+
+    def raw(a: np.ndarray) -> None:
+        p = a.ctypes.data
+        pygloo.allreduce(context, p, p, a.size, f32, pygloo.ReduceOp.SUM, ring)
+
+    def ours(a: np.ndarray) -> None:
+        pg.all_reduce(a)
+
+    variants: dict[str, Callable[[np.ndarray], None]] = {"raw pygloo": raw, "procgroup gloo": ours}
+    rows = []
+    for nbytes, label in SIZES:
+        a = np.zeros(nbytes // 4, dtype=np.float32)  # zeros: sums stay zeros, no overflow
+        iters = args.small_iters if nbytes <= 8 else args.large_iters
+        per_round: dict[str, list[float]] = {k: [] for k in variants}
+        for fn in variants.values():
+            fn(a)
+        for r in range(args.rounds):
+            names = list(variants) if r % 2 == 0 else list(reversed(variants))  # alternate who goes first
+            for name in names:
+                fn = variants[name]
+                pg.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    fn(a)
+                per_round[name].append((time.perf_counter() - t0) / iters)
+        rows.append((label, nbytes, {k: statistics.median(v) for k, v in per_round.items()}))
+    if pg.get_rank() == 0:
+        print(f"# all_reduce SUM float32, 2 ranks, one gloo context, ring; median of {args.rounds} rounds")
+        print("| size | raw pygloo | procgroup gloo | procgroup / raw speed |")
+        print("|---|---|---|---|")
+        for label, nbytes, med in rows:
+            def fmt(s: float, small: bool = nbytes <= 8) -> str:
+                return f"{s * 1e6:.1f} us" if small else f"{s * 1e3:.2f} ms"
+            print(f"| {label} | {fmt(med['raw pygloo'])} | {fmt(med['procgroup gloo'])} | "
+                  f"{med['raw pygloo'] / med['procgroup gloo']:.2f}x |")
+    pg.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
