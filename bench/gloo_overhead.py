@@ -8,7 +8,8 @@ procgroup-run when started plainly)::
 Both contenders run in one job, on one gloo context (the channel's own), interleaved
 round by round so machine noise hits them alike: raw ``pygloo.allreduce`` on the
 array's pointer, and ``procgroup.all_reduce`` (the core's checks + the backend). Sizes
-8 B, 4 MiB and 64 MiB of float32, ring algorithm. Rank 0 prints medians over rounds and
+8 B, 4 MiB and 64 MiB of float32, with the channel's all_reduce algorithm (ring unless
+$PROCGROUP_GLOO_ALGORITHM says bcube). Rank 0 prints medians over rounds and
 procgroup's speed relative to raw pygloo (1.00 = same; the goal is >= 0.95) as Markdown.
 bench/gloo_compare.py compares against torch.distributed's gloo, which needs separate jobs.
 """
@@ -49,11 +50,11 @@ def main(argv: list[str]) -> None:
     channel = pg._api._resolve(None).channel
     context = channel._context  # the channel's own gloo context: same transport for both
     f32 = pygloo.glooDataType_t.glooFloat32
-    ring = pygloo.allreduceAlgorithm.RING
+    algorithm = channel._algorithm  # the one procgroup uses ($PROCGROUP_GLOO_ALGORITHM)
 
     def raw(a: np.ndarray) -> None:
         p = a.ctypes.data
-        pygloo.allreduce(context, p, p, a.size, f32, pygloo.ReduceOp.SUM, ring)
+        pygloo.allreduce(context, p, p, a.size, f32, pygloo.ReduceOp.SUM, algorithm)
 
     def ours(a: np.ndarray) -> None:
         pg.all_reduce(a)
@@ -77,7 +78,8 @@ def main(argv: list[str]) -> None:
                 per_round[name].append((time.perf_counter() - t0) / iters)
         rows.append((label, nbytes, {k: statistics.median(v) for k, v in per_round.items()}))
     if pg.get_rank() == 0:
-        print(f"# all_reduce SUM float32, 2 ranks, one gloo context, ring; median of {args.rounds} rounds")
+        print(f"# all_reduce SUM float32, 2 ranks, one gloo context, {algorithm.name.lower()}, arrival check "
+              f"{'on' if channel._check_arrival else 'off'}; median of {args.rounds} rounds")
         print("| size | raw pygloo | procgroup gloo | procgroup / raw speed |")
         print("|---|---|---|---|")
         for label, nbytes, med in rows:

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds to wait for the side channel to name a dead peer after gloo reported a failure.
 _PEER_NAMING_GRACE = 2.0
+#: Largest reduce output (bytes) a non-root keeps between calls.
+_SCRATCH_LIMIT = 16 * 2**20
 
 
 class GlooChannel(DataChannel):
@@ -183,7 +185,11 @@ class GlooChannel(DataChannel):
                 log.debug("gloo closeConnections failed", exc_info=True)
 
     def _scratch_like(self, a: np.ndarray) -> np.ndarray:
-        """A reused buffer shaped like ``a`` (gloo calls on a channel never overlap)."""
+        """A buffer shaped like ``a``: reused up to :data:`_SCRATCH_LIMIT` bytes (gloo calls
+        on a channel never overlap), a temporary one above, so one huge reduce does not
+        pin its size for the channel's lifetime."""
+        if a.nbytes > _SCRATCH_LIMIT:
+            return np.empty_like(a)
         if self._scratch.nbytes < a.nbytes:
             self._scratch = np.empty(a.nbytes, dtype=np.uint8)
         return self._scratch[:a.nbytes].view(a.dtype).reshape(a.shape)

@@ -30,7 +30,13 @@ from typing import Any
 
 from mpi4py import MPI
 from procgroup.channel import Work
-from procgroup.errors import CommTimeoutError, InvalidArgumentError, InvalidArrayError, PeerError
+from procgroup.errors import (
+    CommTimeoutError,
+    InvalidArgumentError,
+    InvalidArrayError,
+    PeerError,
+    ProcGroupError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +67,8 @@ def translate(exc: BaseException, what: str) -> BaseException:
 #: MPI error classes that mean the call itself was wrong, not that a peer or link failed.
 _ARGUMENT_ERRORS = frozenset(
     getattr(MPI, name) for name in (
-        "ERR_BUFFER", "ERR_COUNT", "ERR_TYPE", "ERR_TAG", "ERR_COMM", "ERR_RANK", "ERR_ROOT",
-        "ERR_GROUP", "ERR_OP", "ERR_ARG", "ERR_DIMS", "ERR_REQUEST",
+        "ERR_BUFFER", "ERR_COUNT", "ERR_TYPE", "ERR_TAG", "ERR_RANK", "ERR_ROOT", "ERR_GROUP",
+        "ERR_OP", "ERR_ARG", "ERR_DIMS",
     ) if hasattr(MPI, name)
 )
 
@@ -73,10 +79,12 @@ def _test(requests: Sequence[Any], status: Any) -> bool:
     return MPI.Request.Testall(requests)
 
 
-def wait_requests(requests: Sequence[Any], timeout: float, what: str, status: Any = None) -> None:
+def wait_requests(requests: Sequence[Any], timeout: float, what: str, status: Any = None,
+                  op: str | None = None) -> None:
     """Poll ``requests`` until all complete; CommTimeoutError after ``timeout`` seconds.
 
-    ``status`` (single request only) receives the completed request's status.
+    ``status`` (single request only) receives the completed request's status; ``op``
+    names the operation in the error (default: the first word of ``what``).
     """
     try:
         if _test(requests, status):
@@ -101,7 +109,7 @@ def wait_requests(requests: Sequence[Any], timeout: float, what: str, status: An
                 nap = min(nap * 2, SLEEP_MAX_S)
     except MPI.Exception as exc:
         raise translate(exc, what) from None
-    raise CommTimeoutError(f"{what} did not complete within {timeout:g}s", op=what.split(" ")[0])
+    raise CommTimeoutError(f"{what} did not complete within {timeout:g}s", op=op or what.split(" ")[0])
 
 
 def requests_done(requests: Sequence[Any]) -> bool:
@@ -112,8 +120,16 @@ def requests_done(requests: Sequence[Any]) -> bool:
         return True
 
 
-#: (requests, buffers) of Works dropped before their op completed; see MpiWork.__del__.
+#: (requests, buffers) that MPI may still use but nobody waits on any more: Works dropped
+#: before their op completed, ops pending when their channel closed.
 _orphans: list[tuple[list[Any], Any]] = []
+
+
+def park(requests: Sequence[Any], keep: Any) -> None:
+    """Keep unfinished ``requests`` and the buffers they use alive until MPI is done."""
+    if not requests_done(requests):
+        _orphans[:] = [(r, k) for r, k in _orphans if not requests_done(r)]
+        _orphans.append((list(requests), keep))
 
 
 def cancel_recv(request: Any, status: Any) -> bool:
@@ -181,10 +197,12 @@ class MpiWork(Work):
                 if not self._is_recv:
                     raise
                 # a message matched while cancelling: the receive is complete after all
-            except BaseException as exc:
+            except ProcGroupError as exc:  # an MPI error: the requests are finished
                 self._done = True
                 self._error = exc
                 raise
+            # anything else (KeyboardInterrupt) leaves the op pending: a later wait, or
+            # __del__, still accounts for its requests
             self._complete()
         if self._error is not None:
             raise self._error
@@ -196,17 +214,14 @@ class MpiWork(Work):
     def __del__(self) -> None:
         # Dropping the last reference to a pending Work would free its requests and
         # buffers while MPI still uses them: park both until MPI is done.
-        if self._done or MPI.Is_finalized():
-            return
         try:
-            if not requests_done(self._requests):
-                _orphans[:] = [(r, k) for r, k in _orphans if not requests_done(r)]
-                _orphans.append((self._requests, (self._keep, self._finish, self._status)))
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            if not self._done and not MPI.Is_finalized():
+                park(self._requests, (self._keep, self._finish, self._status))
+        except Exception:  # noqa: BLE001 - never raise from a finalizer (or at shutdown)
             pass
 
     def result(self) -> Any:
         return self._value if self._done and self._error is None else None
 
 
-__all__ = ["MpiWork", "cancel_recv", "requests_done", "translate", "wait_requests"]
+__all__ = ["MpiWork", "cancel_recv", "park", "requests_done", "translate", "wait_requests"]

@@ -24,6 +24,7 @@ Communicators. The world channel duplicates ``COMM_WORLD``; ``new_group`` makes
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,13 +41,13 @@ from procgroup.errors import (
     CommTimeoutError,
     InvalidArgumentError,
     InvalidArrayError,
-    StoreTimeoutError,
+    ProcGroupError,
 )
 from procgroup.ops import ReduceOp, finish_average
 
 from . import _abort, _cuda
 from ._types import _REDUCE_ARGS, datatype_of, op_for, reduce_args
-from ._wait import MpiWork, cancel_recv, requests_done, translate, wait_requests
+from ._wait import MpiWork, cancel_recv, park, requests_done, translate, wait_requests
 
 log = logging.getLogger(__name__)
 
@@ -103,18 +104,27 @@ def _members_arrived(ctx: ChannelContext) -> None:
     """Return once every member reached the group's creation, else time out naming who did not.
 
     ``MPI_Comm_create_group`` blocks until all members call it and has no timeout; a
-    member that never comes would hang the others. The group's Store is the witness.
+    member that never comes would hang the others. The members count their arrivals in
+    the group's Store, and one ``compare_set`` settles the outcome for all: "go" once the
+    count is complete, "abort" when a member's deadline passed first. A member arriving
+    after an abort raises too, so no member enters the MPI call alone.
     """
-    ctx.store.set(f"mpi/arrived/{ctx.rank}", b"1")
-    keys = [f"mpi/arrived/{r}" for r in range(ctx.size)]
-    try:
-        ctx.store.wait(keys, timeout=ctx.timeout)
-    except StoreTimeoutError:
-        missing = [ctx.global_rank(r) for r, k in enumerate(keys) if not ctx.store.check([k])]
+    store = ctx.store
+    store.set(f"mpi/arrived/{ctx.rank}", b"1")
+    count = store.add("mpi/arrivals", 1)
+    deadline = time.monotonic() + ctx.timeout
+    nap = 0.001
+    while count < ctx.size and time.monotonic() < deadline:
+        time.sleep(min(nap, max(deadline - time.monotonic(), 0.0)))
+        nap = min(nap * 2, 0.05)
+        count = store.add("mpi/arrivals", 0)
+    verdict = store.compare_set("mpi/verdict", "", "go" if count >= ctx.size else "abort")
+    if verdict != b"go":
+        missing = [ctx.global_rank(r) for r in range(ctx.size) if not store.check([f"mpi/arrived/{r}"])]
+        who = f"rank(s) {missing} did not" if missing else "a member arrived after another had given up and did not"
         raise CommTimeoutError(
-            f"new_group: rank(s) {missing} did not create the group within {ctx.timeout:g}s",
-            op="new_group", ranks=missing,
-        ) from None
+            f"new_group: {who} create the group within {ctx.timeout:g}s", op="new_group", ranks=missing,
+        )
 
 
 class MpiChannel(DataChannel):
@@ -149,7 +159,12 @@ class MpiChannel(DataChannel):
             text = f"{choose_address(None)} {store.port}".encode()
             buf[:len(text)] = text
         req = MPI.COMM_WORLD.Ibcast([buf, _BYTE], root=0)
-        wait_requests([req], timeout, f"the Store address from rank 0 (rank {rank} waited)")
+        try:
+            wait_requests([req], timeout, f"broadcast of the Store address from rank 0 (rank {rank} waited)",
+                          op="init_process_group")
+        except BaseException:
+            park([req], buf)  # the broadcast may still land in buf
+            raise
         if store is not None:
             return store
         host, port = bytes(buf).rstrip(b"\0").decode().rsplit(" ", 1)
@@ -222,7 +237,7 @@ class MpiChannel(DataChannel):
     def _wait(self, requests: list[Any], what: str, keep: Any) -> None:
         try:
             wait_requests(requests, self.timeout, what)
-        except CommTimeoutError:
+        except BaseException:  # a timeout, or Ctrl-C: MPI may still use the buffers
             self._abandon(requests, keep)
             raise
 
@@ -243,8 +258,10 @@ class MpiChannel(DataChannel):
         """
         try:
             wait_requests(requests, self.timeout, op)
-        except CommTimeoutError as exc:
+        except BaseException as exc:  # a timeout, or Ctrl-C: MPI may still use the buffers
             self._abandon(requests, (keep, finish))
+            if not isinstance(exc, CommTimeoutError):
+                raise
             raise CommTimeoutError(
                 f"{op} did not complete within {self.timeout:g}s: not every member joined it "
                 f"(MPI cannot say which; waiting on {self._others()})",
@@ -302,6 +319,11 @@ class MpiChannel(DataChannel):
             if cancel_recv(req, status):
                 ranks = [] if src is None else [self.ctx.global_rank(src)]
                 raise CommTimeoutError(str(exc), op="recv", ranks=ranks) from None
+        except ProcGroupError:  # an MPI error (truncation, ...): the receive is finished
+            raise
+        except BaseException:  # Ctrl-C: a receive left posted would swallow a later message
+            cancel_recv(req, status)
+            raise
         self._check_count(status, array, dt)
         return int(status.Get_source())
 
@@ -400,6 +422,9 @@ class MpiChannel(DataChannel):
         types = _REDUCE_ARGS.get((op, array.dtype)) or reduce_args(op, array)
         try:
             req = self._iallreduce(_IN_PLACE, [array, types[0]], types[1])
+        except MPI.Exception as exc:
+            raise translate(exc, "all_reduce") from None
+        try:
             if not req.Test():
                 test = req.Test
                 for _ in _SPIN_TESTS:  # the bare poll loop first: a small op ends within it
@@ -409,6 +434,9 @@ class MpiChannel(DataChannel):
                     self._run("all_reduce", [req], keep=array)
         except MPI.Exception as exc:
             raise translate(exc, "all_reduce") from None
+        except BaseException:  # Ctrl-C while polling: MPI may still write into array
+            self._abandon([req], array)
+            raise
         if op is _AVG and self.size > 1:
             finish_average(op, array, self.size)
 
@@ -466,6 +494,9 @@ class MpiChannel(DataChannel):
             _abort.uninstall()
         if MPI.Is_finalized():
             return
+        for requests, keep in self._pending:  # ops abandoned at a timeout outlive the channel
+            park(requests, keep)
+        self._pending = []
         for comm in [*self._tag_comms, self._coll]:
             try:
                 comm.Free()

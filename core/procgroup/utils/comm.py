@@ -121,9 +121,6 @@ def create_local_process_group(num_workers_per_machine: int) -> None:
         )
     machine = get_rank() // n
     mine: Any = None
-    if n == world_size:  # one machine: its group is the world, no second communicator
-        _LOCAL_PROCESS_GROUP, _LOCAL_SIZE = pg.group.WORLD, n
-        return
     for i in range(world_size // n):  # every rank creates every group, in the same order
         group = pg.new_group(list(range(i * n, (i + 1) * n)))
         if i == machine:
@@ -246,7 +243,8 @@ def reduce_dict(input_dict: Mapping[str, Any], average: bool = True) -> dict[str
     """Sum (or average) same-keyed scalar values to rank 0, as detectron2 does.
 
     Values: NumPy scalars / 0-d arrays / Python numbers (any same shape works), reduced as
-    float64 (complex128 for complex values) so ranks may pass different number types. Rank 0
+    float64, so ranks may pass different real number types (an int sum comes back as a
+    float64); complex values are reduced as complex128 and must be complex on every rank. Rank 0
     gets the reduced values as 0-d NumPy arrays (averaged when ``average``); the other ranks get
     whatever their reduce buffer holds afterwards (detectron2's behaviour; do not use it).
     Keys are processed in sorted order, so every rank must pass the same keys.
