@@ -49,6 +49,8 @@ _FLAG_STRIDE = 8
 _SEQ, _BARRIER = 0, 1
 _SMALL_SIG = (2, 4)  # (size, op) words of the small round, one pair per buffer parity
 _LARGE_SIG = 6
+#: a ReduceOp's number in the op descriptions the ranks compare
+_OP_CODES = {op: i for i, op in enumerate(ReduceOp)}
 _OPCODES = {"all_reduce": 1, "broadcast": 2, "reduce": 3, "all_gather": 4, "reduce_scatter": 5, "all_to_all": 6}
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -107,7 +109,9 @@ class SharedMemoryArena:
         self._mm = mm
         flags_bytes = n * _FLAG_STRIDE * 8
         small_bytes = 2 * n * SMALL_BYTES
-        self.flags = np.frombuffer(mm, dtype=np.uint64, count=n * _FLAG_STRIDE).reshape(n, _FLAG_STRIDE)
+        # the flag words as Python ints: a few words are read per wait, and a memoryview
+        # reads one in a fraction of what a NumPy comparison over the column costs
+        self._fl = memoryview(mm)[:flags_bytes].cast("Q")
         self.small = np.frombuffer(mm, dtype=np.uint8, count=small_bytes, offset=flags_bytes).reshape(2, n, SMALL_BYTES)
         self.large = np.frombuffer(mm, dtype=np.uint8, count=n * LARGE_SLOT_BYTES,
                                    offset=flags_bytes + small_bytes).reshape(n, LARGE_SLOT_BYTES)
@@ -115,6 +119,7 @@ class SharedMemoryArena:
         self._barrier = 0
         self._op = ""
         self._oversubscribed = n > (os.cpu_count() or 1)
+        self._small_views: dict[tuple[int, int, np.dtype], list[np.ndarray]] = {}
 
     @staticmethod
     def region_bytes(n: int) -> int:
@@ -173,7 +178,9 @@ class SharedMemoryArena:
 
     def close(self) -> None:
         # numpy views keep the buffer exported; dropping them lets the map close
-        del self.flags, self.small, self.large
+        self._small_views.clear()
+        del self.small, self.large
+        self._fl.release()
         try:
             self._mm.close()
         except BufferError:
@@ -182,18 +189,22 @@ class SharedMemoryArena:
     # ------------------------------------------------------------------ agreement
     def _publish(self, word: int, nbytes: int, dtype: np.dtype, root: int = 0) -> None:
         """What this rank is about to do, for the others to compare with theirs."""
-        self.flags[self.rank, word] = nbytes
-        self.flags[self.rank, word + 1] = (_OPCODES[self._op] << 32) | (root << 8) | dtype.num
+        at = self.rank * _FLAG_STRIDE + word
+        self._fl[at] = nbytes
+        self._fl[at + 1] = (_OPCODES[self._op] << 32) | (root << 8) | dtype.num
 
     def _check_agreement(self, word: int) -> None:
-        sizes, kinds = self.flags[:, word], self.flags[:, word + 1]
-        differ = [k for k in range(self.size) if sizes[k] != sizes[self.rank] or kinds[k] != kinds[self.rank]]
+        fl = self._fl
+        mine = self.rank * _FLAG_STRIDE + word
+        size, kind = fl[mine], fl[mine + 1]
+        differ = [k for k in range(self.size)
+                  if fl[k * _FLAG_STRIDE + word] != size or fl[k * _FLAG_STRIDE + word + 1] != kind]
         if differ:
             who = ", ".join(str(self.channel.ctx.global_rank(k)) for k in differ)
             raise InvalidArrayError(
                 f"ranks disagree on this {self._op}: rank(s) {who} passed a different array size, "
                 f"dtype, op or root than rank {self.channel.ctx.global_rank(self.rank)} "
-                f"({int(sizes[self.rank])} bytes); every rank must pass the same")
+                f"({size} bytes); every rank must pass the same")
 
     # ------------------------------------------------------------------ waiting
     def _wait_all(self, column: int, target: int) -> None:
@@ -201,25 +212,32 @@ class SharedMemoryArena:
 
         Every few hundred rounds: a peer that died or left, or the timeout, ends the wait.
         """
-        col = self.flags[:, column]
-        if (col >= target).all():
+        if self._reached(column, target):
             return
         deadline = time.monotonic() + self.channel.timeout
         spins = 0
-        while not (col >= target).all():
+        while not self._reached(column, target):
             spins += 1
-            if spins <= 200 and not self._oversubscribed:
+            if spins <= 1000 and not self._oversubscribed:
                 continue
-            if spins < 2000:
+            if spins < 3000:
                 os.sched_yield()
             else:
                 time.sleep(0.00005)
             if spins % 256 == 0:
-                self._check_peers(col, target, deadline)
+                self._check_peers(column, target, deadline)
 
-    def _check_peers(self, col: np.ndarray, target: int, deadline: float) -> None:
+    def _reached(self, column: int, target: int) -> bool:
+        """Every rank's counter in ``column`` is at least ``target``."""
+        fl = self._fl
+        for at in range(column, self.size * _FLAG_STRIDE, _FLAG_STRIDE):
+            if fl[at] < target:
+                return False
+        return True
+
+    def _check_peers(self, column: int, target: int, deadline: float) -> None:
         self.channel._raise_if_unusable()
-        late = [k for k in range(self.size) if col[k] < target]
+        late = [k for k in range(self.size) if self._fl[k * _FLAG_STRIDE + column] < target]
         names = [self.channel.ctx.global_rank(k) for k in late]
         for k in late:
             if self.channel.peer_has_left(k):
@@ -231,7 +249,7 @@ class SharedMemoryArena:
 
     def _barrier_all(self) -> None:
         self._barrier += 1
-        self.flags[self.rank, _BARRIER] = self._barrier
+        self._fl[self.rank * _FLAG_STRIDE + _BARRIER] = self._barrier
         self._wait_all(_BARRIER, self._barrier)
 
     def _small_round(self, payload: np.ndarray | None, nbytes: int, dtype: np.dtype, root: int = 0) -> np.ndarray:
@@ -246,14 +264,25 @@ class SharedMemoryArena:
         seq = self._seq
         self._wait_all(_SEQ, seq - 1)
         slots = self.small[seq % 2]
-        if payload is not None:
-            slots[self.rank, :nbytes] = payload.reshape(-1).view(np.uint8)
+        if payload is not None:  # a flat array of ``dtype``, ``nbytes`` long
+            self._small_slot_views(nbytes, dtype)[self.rank][...] = payload
         word = _SMALL_SIG[seq % 2]
         self._publish(word, nbytes, dtype, root)
-        self.flags[self.rank, _SEQ] = seq
+        self._fl[self.rank * _FLAG_STRIDE + _SEQ] = seq
         self._wait_all(_SEQ, seq)
         self._check_agreement(word)
         return slots
+
+    def _small_slot_views(self, nbytes: int, dtype: np.dtype) -> list[np.ndarray]:
+        """Every rank's small slot of the current round as ``dtype`` (views, cached)."""
+        key = (self._seq % 2, nbytes, dtype)
+        views = self._small_views.get(key)
+        if views is None:
+            if len(self._small_views) >= 256:
+                self._small_views.clear()
+            slots = self.small[self._seq % 2]
+            views = self._small_views[key] = [slots[k, :nbytes].view(dtype) for k in range(self.size)]
+        return views
 
     def _large_begin(self, nbytes: int, dtype: np.dtype, root: int = 0) -> None:
         """Agree on the op before any slot is touched: publish, meet, compare."""
@@ -283,10 +312,10 @@ class SharedMemoryArena:
         the chunks the others reduce, reduce mine from every slot, publish it, copy theirs."""
         flat = array.reshape(-1)
         if flat.nbytes <= SMALL_BYTES:
-            slots = self._small_round(flat, flat.nbytes, flat.dtype, list(ReduceOp).index(op))
-            self._reduce_slots_into(flat, [slots[k, : flat.nbytes].view(flat.dtype) for k in range(self.size)], op)
+            self._small_round(flat, flat.nbytes, flat.dtype, _OP_CODES[op])
+            self._reduce_slots_into(flat, self._small_slot_views(flat.nbytes, flat.dtype), op)
             return
-        self._large_begin(flat.nbytes, flat.dtype, list(ReduceOp).index(op))
+        self._large_begin(flat.nbytes, flat.dtype, _OP_CODES[op])
         r = self.rank
         for lo, hi in self._pieces(flat.size, flat.itemsize):
             part = flat[lo:hi]
@@ -351,7 +380,7 @@ class SharedMemoryArena:
         Non-root arrays are only read, never written.
         """
         flat = array.reshape(-1)
-        opcode = list(ReduceOp).index(op) << 16 | root
+        opcode = _OP_CODES[op] << 16 | root
         if flat.nbytes <= SMALL_BYTES:
             slots = self._small_round(flat, flat.nbytes, flat.dtype, opcode)
             if self.rank == root:
@@ -381,7 +410,7 @@ class SharedMemoryArena:
         out = output.reshape(-1)
         ins = [i.reshape(-1) for i in inputs]
         n, r = self.size, self.rank
-        self._large_begin(out.nbytes, out.dtype, list(ReduceOp).index(op))
+        self._large_begin(out.nbytes, out.dtype, _OP_CODES[op])
         for lo, hi in self._pieces(out.size, out.itemsize, parts=n):
             count = hi - lo
             self._barrier_all()

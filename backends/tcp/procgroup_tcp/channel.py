@@ -29,6 +29,7 @@ from procgroup.errors import (
 )
 from procgroup.ops import ReduceOp
 
+from . import _collectives
 from ._conn import Peer, connect_mesh, fresh, left_error
 from ._shm import SharedMemoryArena, host_identity, shm_possible
 
@@ -319,9 +320,11 @@ class TcpChannel(DataChannel):
     # Ranks on one host use the shared-memory arena; otherwise the core's algorithms
     # run over the sockets (all_reduce: a pipelined ring of our own).
     def all_reduce(self, array: Any, op: ReduceOp) -> None:
-        from . import _collectives
-
-        _collectives.all_reduce(self, array, op, self.next_collective_tag())
+        tag = self.next_collective_tag()  # taken on every path, so the ranks' sequences agree
+        if self._shm is not None and array.size:
+            self._shm.all_reduce(array, op)  # the latency-critical case, dispatched first
+            return
+        _collectives.all_reduce(self, array, op, tag)
 
     def broadcast(self, array: Any, src: int) -> None:
         if self._shm is None:
