@@ -8,11 +8,8 @@ looks at how fast anything was, only that every number is there and consistent.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +20,6 @@ from procgroup.bench._report import COLUMNS
 from procgroup.bench._sweep import OPS, bandwidths, parse_size, size_sweep
 from procgroup.errors import InvalidArgumentError
 
-HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 OPS_RUN = ["all_reduce", "all_gather", "pingpong"]
 SIZES = [1024, 65536]
 JOB_TIMEOUT = 240
@@ -40,9 +36,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp_path_factory.mktemp("bench")
     args = ["-n", "2", "--backend", "tcp", "--op", ",".join(OPS_RUN), "--sizes", "1K,64K",
             "--iters", "3", "--warmup", "1", "--timeout", "60", "--job-timeout", "200",
-            "--json", str(out / "r.json"), "--csv", str(out / "r.csv")]
-    if HAS_MATPLOTLIB:
-        args += ["--plot", str(out / "r.png")]
+            "--json", str(out / "r.json"), "--csv", str(out / "r.csv"), "--plot", str(out / "r.png")]
     proc = _bench(args)
     assert proc.returncode == 0, f"procgroup-bench failed:\n{proc.stdout}\n{proc.stderr}"
     return {"proc": proc, "dir": out}
@@ -99,20 +93,18 @@ def test_csv_matches_json(sweep: dict[str, object]) -> None:
 
 
 def test_plot_written(sweep: dict[str, object]) -> None:
-    if not HAS_MATPLOTLIB:
-        pytest.skip("matplotlib is not installed (it is the procgroup[bench] extra); --plot not exercised")
+    # matplotlib comes with the test extra (scripts/setup-dev.sh installs it)
     png = Path(str(sweep["dir"])) / "r.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_under_procgroup_run_it_does_not_spawn(tmp_path: Path) -> None:
     """Started by a launcher (RANK/WORLD_SIZE set), each process is one rank of that job."""
-    run = shutil.which("procgroup-run", path=os.path.dirname(sys.executable)) or shutil.which("procgroup-run")
-    if run is None:
-        pytest.skip("procgroup-run is not on PATH")
+    run = Path(sys.executable).with_name("procgroup-run")  # installed with procgroup, next to python
+    assert run.exists(), f"the procgroup-run console script is missing next to {sys.executable}"
     out = tmp_path / "r.json"
     proc = subprocess.run(
-        [run, "-n", "2", "--no-prefix", "--timeout", "200", "-m", "procgroup.bench", "--sizes", "4K",
+        [str(run), "-n", "2", "--no-prefix", "--timeout", "200", "-m", "procgroup.bench", "--sizes", "4K",
          "--iters", "2", "--warmup", "1", "-q", "--json", str(out)],
         capture_output=True, text=True, check=False, timeout=JOB_TIMEOUT, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -236,9 +236,8 @@ def test_module_mode(tmp_path: Path) -> None:
 
 
 def test_console_script(tmp_path: Path) -> None:
-    exe = Path(sys.executable).with_name("procgroup-run")
-    if not exe.exists():
-        pytest.skip(f"console script not installed next to {sys.executable}")
+    exe = Path(sys.executable).with_name("procgroup-run")  # installed with procgroup, next to python
+    assert exe.exists(), f"the procgroup-run console script is missing next to {sys.executable}"
     script = write(tmp_path / "one.py", "import os; print('size', os.environ['WORLD_SIZE'])\n")
     res = subprocess.run([str(exe), "-n", "2", str(script)], capture_output=True, text=True,
                          timeout=SAFETY, check=False)
