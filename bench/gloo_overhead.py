@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
+
+from _interleave import interleaved_medians  # bench/ is sys.path[0] for a script run from it
 
 SIZES = ((8, "8 B"), (4 * 2**20, "4 MiB"), (64 * 2**20, "64 MiB"))
 
@@ -64,19 +64,8 @@ def main(argv: list[str]) -> None:
     for nbytes, label in SIZES:
         a = np.zeros(nbytes // 4, dtype=np.float32)  # zeros: sums stay zeros, no overflow
         iters = args.small_iters if nbytes <= 8 else args.large_iters
-        per_round: dict[str, list[float]] = {k: [] for k in variants}
-        for fn in variants.values():
-            fn(a)
-        for r in range(args.rounds):
-            names = list(variants) if r % 2 == 0 else list(reversed(variants))  # alternate who goes first
-            for name in names:
-                fn = variants[name]
-                pg.barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn(a)
-                per_round[name].append((time.perf_counter() - t0) / iters)
-        rows.append((label, nbytes, {k: statistics.median(v) for k, v in per_round.items()}))
+        rows.append((label, nbytes, interleaved_medians(variants, a, rounds=args.rounds, iters=iters,
+                                                        barrier=pg.barrier)))
     if pg.get_rank() == 0:
         print(f"# all_reduce SUM float32, 2 ranks, one gloo context, {algorithm.name.lower()}, arrival check "
               f"{'on' if channel._check_arrival else 'off'}; median of {args.rounds} rounds")

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
+
+from _interleave import interleaved_medians  # bench/ is sys.path[0] for a script run from it
 
 
 def _under_mpiexec() -> bool:
@@ -75,30 +75,12 @@ def main(argv: list[str]) -> None:
     rows = []
     # latency: 8 bytes (one float64), many calls per round, median of per-round means
     small = np.ones(1, dtype=np.float64)
-    per_round: dict[str, list[float]] = {k: [] for k in variants}
-    for fn in variants.values():
-        for _ in range(1000):
-            fn(small)
-    for _ in range(args.rounds):
-        for name, fn in variants.items():
-            comm.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(args.small_iters):
-                fn(small)
-            per_round[name].append((time.perf_counter() - t0) / args.small_iters)
-    rows.append(("8 B", {k: statistics.median(v) for k, v in per_round.items()}))
+    rows.append(("8 B", interleaved_medians(variants, small, rounds=args.rounds, iters=args.small_iters,
+                                            barrier=comm.Barrier, warmup=1000)))
     # bandwidth: 64 MiB of float32, one call per sample, median of samples
     large = np.ones(64 * 2**20 // 4, dtype=np.float32)
-    samples: dict[str, list[float]] = {k: [] for k in variants}
-    for fn in variants.values():
-        fn(large)
-    for _ in range(args.large_samples):
-        for name, fn in variants.items():
-            comm.Barrier()
-            t0 = time.perf_counter()
-            fn(large)
-            samples[name].append(time.perf_counter() - t0)
-    rows.append(("64 MiB", {k: statistics.median(v) for k, v in samples.items()}))
+    rows.append(("64 MiB", interleaved_medians(variants, large, rounds=args.large_samples, iters=1,
+                                               barrier=comm.Barrier)))
     if rank == 0:
         print(f"# all_reduce SUM, 2 ranks, {MPI.Get_library_version().splitlines()[0].strip()}, mpi4py "
               f"{__import__('mpi4py').__version__}")

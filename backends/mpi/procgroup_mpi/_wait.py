@@ -120,8 +120,9 @@ def requests_done(requests: Sequence[Any]) -> bool:
         return True
 
 
-#: (requests, buffers) that MPI may still use but nobody waits on any more: Works dropped
-#: before their op completed, ops pending when their channel closed.
+#: (requests, buffers) that MPI may still use but nobody waits on any more: ops that timed
+#: out or were interrupted, Works dropped before their op completed. Module-wide, so they
+#: outlive the channel that started them.
 _orphans: list[tuple[list[Any], Any]] = []
 
 

@@ -47,7 +47,7 @@ from procgroup.ops import ReduceOp, finish_average
 
 from . import _abort, _cuda
 from ._types import _REDUCE_ARGS, datatype_of, op_for, reduce_args
-from ._wait import MpiWork, cancel_recv, park, requests_done, translate, wait_requests
+from ._wait import MpiWork, cancel_recv, park, translate, wait_requests
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,6 @@ class MpiChannel(DataChannel):
 
     def __init__(self, ctx: ChannelContext, comm: Any = None) -> None:
         super().__init__(ctx)
-        self._pending: list[tuple[list[Any], Any]] = []  # (requests, buffers) abandoned at a timeout
         self._comm = comm if comm is not None else self._base_comm(ctx)
         self._iallreduce = self._comm.Iallreduce
         ub = _tag_ub()
@@ -238,13 +237,8 @@ class MpiChannel(DataChannel):
         try:
             wait_requests(requests, self.timeout, what)
         except BaseException:  # a timeout, or Ctrl-C: MPI may still use the buffers
-            self._abandon(requests, keep)
+            park(requests, keep)
             raise
-
-    def _abandon(self, requests: list[Any], keep: Any) -> None:
-        """Hold a timed-out op's requests and buffers: MPI may still read or write them."""
-        self._pending = [(r, k) for r, k in self._pending if not requests_done(r)]
-        self._pending.append((list(requests), keep))
 
     def _others(self) -> str:
         others = [self.ctx.global_rank(r) for r in range(self.size) if r != self.rank]
@@ -259,7 +253,7 @@ class MpiChannel(DataChannel):
         try:
             wait_requests(requests, self.timeout, op)
         except BaseException as exc:  # a timeout, or Ctrl-C: MPI may still use the buffers
-            self._abandon(requests, (keep, finish))
+            park(requests, (keep, finish))
             if not isinstance(exc, CommTimeoutError):
                 raise
             raise CommTimeoutError(
@@ -435,7 +429,7 @@ class MpiChannel(DataChannel):
         except MPI.Exception as exc:
             raise translate(exc, "all_reduce") from None
         except BaseException:  # Ctrl-C while polling: MPI may still write into array
-            self._abandon([req], array)
+            park([req], array)
             raise
         if op is _AVG and self.size > 1:
             finish_average(op, array, self.size)
@@ -494,9 +488,6 @@ class MpiChannel(DataChannel):
             _abort.uninstall()
         if MPI.Is_finalized():
             return
-        for requests, keep in self._pending:  # ops abandoned at a timeout outlive the channel
-            park(requests, keep)
-        self._pending = []
         for comm in [*self._tag_comms, self._coll]:
             try:
                 comm.Free()

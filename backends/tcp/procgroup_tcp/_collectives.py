@@ -1,6 +1,7 @@
 """The tcp backend's own collectives, where it beats the generic algorithms.
 
-Ranks on one host: all_reduce through shared memory (see ``_shm``).
+Ranks on one host never get here for all_reduce: the channel runs it in shared memory
+(see ``_shm``).
 
 Large all_reduce: the ring of ``procgroup.algorithms.ring`` with every step cut into
 segments. All receives of a step are posted at once, so the reader thread lands
@@ -25,10 +26,8 @@ SEGMENT_BYTES = 1 << 20
 
 
 def all_reduce(ch: "TcpChannel", array: Any, op: ReduceOp, tag: int) -> None:
+    """all_reduce over the sockets (the channel sends same-host ranks to shared memory first)."""
     if ch.size == 1 or array.size == 0:
-        return
-    if ch._shm is not None:
-        ch._shm.all_reduce(array, op)
         return
     if array.nbytes <= ring.SMALL_ALL_REDUCE_BYTES:
         ring.recursive_doubling_all_reduce(ch, array, op, tag)
