@@ -33,11 +33,20 @@ LAUNCHER_PID_ENV = "PROCGROUP_LAUNCHER_PID"
 _PR_SET_PDEATHSIG = 1
 _MARKER = "_procgroup_error_handler"
 _OWN_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+# From 3.11 on runpy is a frozen module: its frames carry the file name "<frozen runpy>"
+# (unless ``-X frozen_modules=off``), not runpy.__file__. Take the name from runpy's own
+# code, which is right on every version and either way.
+_OWN_CODE_NAMES = {runpy.run_path.__code__.co_filename, runpy.run_module.__code__.co_filename}
+
+
+def _is_own(filename: str) -> bool:
+    """True for a frame of this bootstrap or of runpy."""
+    return filename in _OWN_CODE_NAMES or os.path.abspath(filename) in _OWN_FILES
 
 
 def _trim(tb: TracebackType | None) -> TracebackType | None:
     """Drop the leading frames of the bootstrap and runpy, so the traceback starts in user code."""
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _OWN_FILES:
+    while tb is not None and _is_own(tb.tb_frame.f_code.co_filename):
         if tb.tb_next is None:
             break
         tb = tb.tb_next
