@@ -21,7 +21,7 @@ from procgroup.errors import BackendNotFoundError, PluginError
 from procgroup.plugins import backends, get_backend_spec, register_backend, unregister_backend
 from procgroup.testing import ConformanceSuite
 
-import minimal_channel
+from procgroup.testing import minimal_channel
 
 REPO = Path(__file__).resolve().parents[1]
 NEEDED = ["numpy", "numpy.libs", "pluggy", "pydantic", "pydantic_core", "typing_extensions.py",
@@ -65,7 +65,7 @@ def run_isolated(site: Path, code: str) -> subprocess.CompletedProcess[str]:
 
 def test_entry_point_plugin_is_discovered_and_listed(isolated_site: Path) -> None:
     add_dist(isolated_site, "storechan-plugin", {"storechan": "storechan_mod"},
-             {"storechan_mod": (REPO / "tests" / "minimal_channel.py").read_text()})
+             {"storechan_mod": (REPO / "core" / "procgroup" / "testing" / "minimal_channel.py").read_text()})
     proc = run_isolated(isolated_site, """
         import procgroup.plugins as p
         print(sorted(p.backends()))
@@ -81,7 +81,7 @@ def test_entry_point_plugin_is_discovered_and_listed(isolated_site: Path) -> Non
 
 def test_unknown_and_missing_backend_errors(isolated_site: Path) -> None:
     add_dist(isolated_site, "storechan-plugin", {"storechan": "storechan_mod"},
-             {"storechan_mod": (REPO / "tests" / "minimal_channel.py").read_text()})
+             {"storechan_mod": (REPO / "core" / "procgroup" / "testing" / "minimal_channel.py").read_text()})
     proc = run_isolated(isolated_site, """
         import procgroup
         for name in ("tcp", "nosuch"):
@@ -100,7 +100,7 @@ def test_broken_plugin_is_logged_and_skipped(isolated_site: Path) -> None:
     add_dist(isolated_site, "broken-plugin", {"broken": "broken_mod"},
              {"broken_mod": "raise ImportError('libfoo.so: cannot open shared object file')\n"})
     add_dist(isolated_site, "storechan-plugin", {"storechan": "storechan_mod"},
-             {"storechan_mod": (REPO / "tests" / "minimal_channel.py").read_text()})
+             {"storechan_mod": (REPO / "core" / "procgroup" / "testing" / "minimal_channel.py").read_text()})
     proc = run_isolated(isolated_site, """
         import procgroup.plugins as p
         print(sorted(p.backends()))
@@ -111,7 +111,7 @@ def test_broken_plugin_is_logged_and_skipped(isolated_site: Path) -> None:
 
 
 def test_two_plugins_claiming_one_name_is_an_error(isolated_site: Path) -> None:
-    code = (REPO / "tests" / "minimal_channel.py").read_text()
+    code = (REPO / "core" / "procgroup" / "testing" / "minimal_channel.py").read_text()
     add_dist(isolated_site, "first-plugin", {"storechan": "first_mod"}, {"first_mod": code})
     add_dist(isolated_site, "second-plugin", {"other": "second_mod"}, {"second_mod": code})
     proc = run_isolated(isolated_site, """

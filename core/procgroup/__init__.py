@@ -6,56 +6,51 @@ or DLPack) with point-to-point calls and collectives. Transports are DataChannel
 plugins (tcp, mpi, gloo, nccl, or a third party's) found through entry points.
 """
 
-from ._api import (
+from ._lifecycle import (
     Backend,
-    GroupMember,
+    destroy_process_group,
+    get_backend,
+    get_rank,
+    get_world_size,
+    group_channel,
+    init_process_group,
+    is_available,
+    is_initialized,
+    new_group,
+)
+from ._ops import (
     all_gather,
     all_reduce,
     all_to_all,
     barrier,
     broadcast,
-    destroy_process_group,
     gather,
-    get_backend,
-    get_rank,
-    get_world_size,
-    group,
-    init_process_group,
     irecv,
-    is_available,
-    is_initialized,
     isend,
-    new_group,
     recv,
     reduce,
     reduce_scatter,
     scatter,
     send,
 )
-from .channel import ChannelContext, DataChannel, Work
-from .groups import Group
-from .hookspecs import BackendSpec, hookimpl
+from .backend import BackendSpec, ChannelContext, DataChannel, Work, hookimpl
+from .groups import Group, GroupMember, group
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from .ops import ReduceOp, reduce_op
 from .plugins import register_backend
 
 __version__ = "0.1.0"
 
-#: torch.distributed's list variants for one process driving several GPUs; they live in
-#: the nccl plugin and are imported from there on first use.
-_MULTIGPU = ("all_gather_multigpu", "all_reduce_multigpu", "broadcast_multigpu", "reduce_multigpu")
-
 
 def __getattr__(name: str) -> object:
-    if name in _MULTIGPU:
-        try:
-            import procgroup_nccl
-        except ImportError:
-            raise AttributeError(
-                f"procgroup.{name} needs the nccl backend: pip install procgroup-nccl"
-            ) from None
-        return getattr(procgroup_nccl, name)
-    raise AttributeError(f"module 'procgroup' has no attribute {name!r}")
+    """Functions a plugin adds (BackendSpec.api), e.g. nccl's all_reduce_multigpu."""
+    from .plugins import api_function
+
+    found = api_function(name)
+    if found is not None:
+        return found
+    hint = " (it comes with the nccl backend: pip install procgroup-nccl)" if name.endswith("_multigpu") else ""
+    raise AttributeError(f"module 'procgroup' has no attribute {name!r}{hint}")
 
 
 __all__ = [
@@ -82,6 +77,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "group",
+    "group_channel",
     "hookimpl",
     "init_process_group",
     "irecv",

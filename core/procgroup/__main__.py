@@ -13,17 +13,16 @@ import sys
 from typing import Any, Sequence
 
 from . import __version__
-from .channel import ALL_OPS, overridden_ops
-from .hookspecs import BackendSpec
+from .backend import ALL_OPS, BackendSpec, implemented_ops
 from .plugins import backends
 
 
 def capability_rows(spec: BackendSpec) -> tuple[str | None, dict[str, dict[str, str]]]:
     """(why unavailable or None, op -> device -> how) for one backend."""
-    reason = spec.available()
+    reason = spec.unavailable()
     native: set[str] | None = None
     try:
-        native = overridden_ops(spec.loader())
+        native = implemented_ops(spec.loader())
     except Exception as exc:  # noqa: BLE001 - listed with the reason instead
         reason = reason or f"failed to load: {exc}"
     table: dict[str, dict[str, str]] = {}

@@ -6,48 +6,20 @@ names the value, what was expected and where it came from (argument or variable)
 
 from __future__ import annotations
 
-import datetime
 import os
 from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .backend import timeout_seconds
 from .errors import InvalidArgumentError
 
 #: Default for every blocking call; PROCGROUP_TIMEOUT (seconds) overrides it.
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_BACKEND = "tcp"
-#: Larger timeouts overflow the OS's waits (sockets, condition variables).
-MAX_TIMEOUT_S = 1e9
 
 ENV_BACKEND = "PROCGROUP_BACKEND"
 ENV_TIMEOUT = "PROCGROUP_TIMEOUT"
-ENV_SOCKET_IFNAME = "PROCGROUP_SOCKET_IFNAME"
-ENV_SHM = "PROCGROUP_TCP_SHM"
-
-
-def timeout_seconds(value: Any, *, source: str = "argument timeout") -> float:
-    """Accept a ``datetime.timedelta`` or a number of seconds; must be positive."""
-    if isinstance(value, datetime.timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str):
-        try:
-            seconds = float(value)
-        except ValueError:
-            raise InvalidArgumentError(
-                f"{source}={value!r}: expected a number of seconds"
-            ) from None
-    else:
-        raise InvalidArgumentError(
-            f"{source}={value!r}: expected a datetime.timedelta or a number of seconds"
-        )
-    if not 0 < seconds <= MAX_TIMEOUT_S:
-        raise InvalidArgumentError(
-            f"{source}={value!r}: must be positive and at most {MAX_TIMEOUT_S:.0f} s (about 30 years)"
-        )
-    return seconds
 
 
 class InitSettings(BaseModel):
@@ -120,10 +92,7 @@ __all__ = [
     "DEFAULT_BACKEND",
     "DEFAULT_TIMEOUT_S",
     "ENV_BACKEND",
-    "ENV_SHM",
-    "ENV_SOCKET_IFNAME",
     "ENV_TIMEOUT",
     "InitSettings",
     "init_settings",
-    "timeout_seconds",
 ]

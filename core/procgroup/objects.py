@@ -2,7 +2,7 @@
 
 Sizes travel first (one int64 per rank), then the pickles, padded to the largest, so
 every backend's array collectives carry them unchanged. On a CUDA-only world the
-traffic goes over a CPU side group (see ``_api.host_group``).
+traffic goes over a CPU side group (see ``_ops.host_group``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _api
+from . import _ops, _state
 from .errors import InvalidArgumentError
 
 
@@ -28,7 +28,7 @@ def _pickle_padded(obj: Any, g: Any) -> tuple[list[int], np.ndarray]:
     """Every member's pickle size, and this member's pickle padded to the largest."""
     data = _to_bytes(obj)
     sizes = [np.zeros(1, dtype=np.int64) for _ in range(g.size)]
-    _api.all_gather(sizes, np.array([data.size], dtype=np.int64), group=g)
+    _ops.all_gather(sizes, np.array([data.size], dtype=np.int64), group=g)
     padded = np.zeros(int(max(s[0] for s in sizes)), dtype=np.uint8)
     padded[: data.size] = data
     return [int(s[0]) for s in sizes], padded
@@ -36,21 +36,21 @@ def _pickle_padded(obj: Any, g: Any) -> tuple[list[int], np.ndarray]:
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     """object_list[i] becomes member i's ``obj``, on every member."""
-    g = _api.host_group(_api._member(group, "all_gather_object"))
+    g = _state.host_group(_state.member(group, "all_gather_object"))
     if not isinstance(object_list, list) or len(object_list) != g.size:
         raise InvalidArgumentError(
             f"all_gather_object: object_list must be a list of {g.size} entries (one per rank)"
         )
     sizes, padded = _pickle_padded(obj, g)
     outs = [np.empty(padded.size, dtype=np.uint8) for _ in range(g.size)]
-    _api.all_gather(outs, padded, group=g)
+    _ops.all_gather(outs, padded, group=g)
     for i in range(g.size):
         object_list[i] = _from_bytes(outs[i], sizes[i])
 
 
 def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int = 0, group: Any = None) -> None:
     """World rank ``dst`` gets every member's ``obj`` in object_gather_list."""
-    g = _api.host_group(_api._member(group, "gather_object"))
+    g = _state.host_group(_state.member(group, "gather_object"))
     root = g.group_rank(dst, "dst")
     if g.rank == root and (not isinstance(object_gather_list, list) or len(object_gather_list) != g.size):
         raise InvalidArgumentError(
@@ -58,7 +58,7 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
         )
     sizes, padded = _pickle_padded(obj, g)
     outs = [np.empty(padded.size, dtype=np.uint8) for _ in range(g.size)] if g.rank == root else None
-    _api.gather(padded, outs, dst=dst, group=g)
+    _ops.gather(padded, outs, dst=dst, group=g)
     if outs is not None and object_gather_list is not None:
         for i in range(g.size):
             object_gather_list[i] = _from_bytes(outs[i], sizes[i])
@@ -66,17 +66,17 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
 
 def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = None) -> None:
     """Every member's object_list is replaced, element by element, with ``src``'s."""
-    g = _api.host_group(_api._member(group, "broadcast_object_list"))
+    g = _state.host_group(_state.member(group, "broadcast_object_list"))
     root = g.group_rank(src, "src")
     if not isinstance(object_list, list):
         raise InvalidArgumentError("broadcast_object_list: object_list must be a list")
     count = len(object_list)
     payloads = [_to_bytes(o) for o in object_list] if g.rank == root else []
     sizes = np.array([p.size for p in payloads] if payloads else [0] * count, dtype=np.int64)
-    _api.broadcast(sizes, src, group=g)
+    _ops.broadcast(sizes, src, group=g)
     total = int(sizes.sum())
     buf = np.concatenate(payloads) if payloads and total else np.empty(total, dtype=np.uint8)
-    _api.broadcast(buf, src, group=g)
+    _ops.broadcast(buf, src, group=g)
     if g.rank != root:
         offset = 0
         for i, size in enumerate(sizes.tolist()):
@@ -87,7 +87,7 @@ def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = Non
 def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_input_list: list[Any] | None,
                         src: int = 0, group: Any = None) -> None:
     """Member i gets ``src``'s scatter_object_input_list[i] in scatter_object_output_list[0]."""
-    g = _api.host_group(_api._member(group, "scatter_object_list"))
+    g = _state.host_group(_state.member(group, "scatter_object_list"))
     root = g.group_rank(src, "src")
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise InvalidArgumentError("scatter_object_list: scatter_object_output_list must be a non-empty list")
@@ -100,7 +100,7 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
         sizes = np.array([p.size for p in payloads], dtype=np.int64)
     else:
         sizes = np.zeros(g.size, dtype=np.int64)
-    _api.broadcast(sizes, src, group=g)
+    _ops.broadcast(sizes, src, group=g)
     longest = int(sizes.max())
     ins = None
     if g.rank == root:
@@ -110,7 +110,7 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
             padded[: p.size] = p
             ins.append(padded)
     out = np.empty(longest, dtype=np.uint8)
-    _api.scatter(out, ins, src=src, group=g)
+    _ops.scatter(out, ins, src=src, group=g)
     scatter_object_output_list[0] = _from_bytes(out, int(sizes[g.rank]))
 
 

@@ -17,7 +17,9 @@ from typing import Any, Callable, Mapping, Sequence
 import pluggy
 
 from .errors import BackendNotFoundError, BackendUnavailableError, PluginError
-from .hookspecs import PROJECT, BackendSpec, InitMethodSpec, ProcGroupHookSpecs
+from .backend import BackendSpec, DataChannel, InitMethodSpec
+from .hookspecs import PROJECT, ProcGroupHookSpecs
+from .rendezvous import _methods as _rendezvous_methods
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
         if pm.get_plugin(ep.name) is not None:
             raise PluginError(
                 f"two plugins claim the backend name {ep.name!r}: "
-                f"{_dist_of(pm, ep.name)} and {dist}; uninstall one"
+                f"{_dist_of(ep.name)} and {dist}; uninstall one"
             )
         try:
             module = ep.load()
@@ -60,7 +62,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
 _plugin_dists: dict[str, str] = {}
 
 
-def _dist_of(pm: pluggy.PluginManager, plugin_name: str) -> str:
+def _dist_of(plugin_name: str) -> str:
     return _plugin_dists.get(plugin_name, plugin_name)
 
 
@@ -70,7 +72,7 @@ def _plugin_backends() -> dict[str, BackendSpec]:
     found: dict[str, BackendSpec] = {}
     for plugin in pm.get_plugins():
         plugin_name = pm.get_name(plugin) or "?"
-        dist = _dist_of(pm, plugin_name)
+        dist = _dist_of(plugin_name)
         hook = getattr(plugin, "procgroup_backends", None)
         if hook is None:
             continue
@@ -104,15 +106,15 @@ def register_backend(
     channel: Callable[[], type] | type,
     *,
     devices: Sequence[str] = ("cpu",),
-    available: Callable[[], str | None] | None = None,
+    unavailable: Callable[[], str | None] | None = None,
     description: str = "",
+    side_channel: int = 0,
 ) -> BackendSpec:
     """Register a DataChannel at run time, without packaging it as a plugin.
 
-    ``channel`` is the DataChannel subclass or a zero-argument loader returning it.
+    ``channel`` is the DataChannel subclass or a zero-argument loader returning it;
+    ``unavailable`` returns None or why the backend cannot run here.
     """
-    from .channel import DataChannel
-
     if not isinstance(name, str) or not name.isidentifier():
         raise PluginError(f"backend name must be an identifier-like string, got {name!r}")
     name = name.lower()  # names are matched case-insensitively
@@ -125,9 +127,10 @@ def register_backend(
         loader = channel
     else:
         raise PluginError(f"register_backend({name!r}): expected a DataChannel subclass or a loader, got {channel!r}")
-    kwargs: dict[str, Any] = {"devices": tuple(devices), "description": description}
-    if available is not None:
-        kwargs["available"] = available
+    kwargs: dict[str, Any] = {"devices": tuple(devices), "description": description,
+                              "side_channel": side_channel}
+    if unavailable is not None:
+        kwargs["unavailable"] = unavailable
     spec = BackendSpec(name=name, loader=loader, distribution="(registered at run time)", **kwargs)
     with _runtime_lock:
         if name in _plugin_backends():
@@ -167,10 +170,8 @@ def get_backend_spec(name: str) -> BackendSpec:
 
 def load_channel_class(name: str) -> tuple[BackendSpec, type]:
     """Resolve ``name`` once at init: check availability and import the DataChannel class."""
-    from .channel import DataChannel
-
     spec = get_backend_spec(name)
-    reason = spec.available()
+    reason = spec.unavailable()
     if reason:
         raise BackendUnavailableError(f"backend {spec.name!r} is installed but cannot run here: {reason}")
     try:
@@ -182,6 +183,29 @@ def load_channel_class(name: str) -> tuple[BackendSpec, type]:
     if not cls.backend_name:
         cls.backend_name = spec.name
     return spec, cls
+
+
+def side_channel_spec() -> BackendSpec | None:
+    """The installed backend that serves host side channels best (highest
+    ``side_channel``, among those that can run here), or None."""
+    best: BackendSpec | None = None
+    for spec in backends().values():
+        if spec.side_channel > 0 and (best is None or spec.side_channel > best.side_channel):
+            try:
+                if spec.unavailable():
+                    continue
+            except Exception:  # noqa: BLE001 - a broken check costs only its backend
+                continue
+            best = spec
+    return best
+
+
+def api_function(name: str) -> Callable[..., Any] | None:
+    """A public function a plugin adds to ``procgroup`` (BackendSpec.api), or None."""
+    for spec in backends().values():
+        if name in spec.api:
+            return spec.api[name]
+    return None
 
 
 def extra_init_methods() -> dict[str, Callable[..., object]]:
@@ -199,6 +223,10 @@ def extra_init_methods() -> dict[str, Callable[..., object]]:
     return result
 
 
+# rendezvous sits below the registry: give it the plugin schemes without importing us
+_rendezvous_methods.set_plugin_source(extra_init_methods)
+
+
 def reset_plugin_cache() -> None:
     """Forget discovered plugins (tests install/uninstall plugins and rediscover)."""
     get_plugin_manager.cache_clear()
@@ -209,6 +237,7 @@ def reset_plugin_cache() -> None:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "KNOWN_BACKENDS",
+    "api_function",
     "backends",
     "extra_init_methods",
     "get_backend_spec",
@@ -216,5 +245,6 @@ __all__ = [
     "load_channel_class",
     "register_backend",
     "reset_plugin_cache",
+    "side_channel_spec",
     "unregister_backend",
 ]

@@ -10,7 +10,7 @@ from ..errors import InvalidArgumentError
 from .ring import exchange
 
 if TYPE_CHECKING:
-    from ..channel import DataChannel
+    from ..backend import DataChannel
 
 
 def _copy_if_distinct(dst: np.ndarray, src: np.ndarray) -> None:

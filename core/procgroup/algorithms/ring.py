@@ -9,7 +9,7 @@ import numpy as np
 from ..ops import ReduceOp, finish_average, reduce_into
 
 if TYPE_CHECKING:
-    from ..channel import DataChannel
+    from ..backend import DataChannel
 
 #: Below this many bytes all_reduce uses recursive doubling (log2 n steps, not 2(n-1)).
 SMALL_ALL_REDUCE_BYTES = 64 * 1024

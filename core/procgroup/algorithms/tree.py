@@ -9,7 +9,7 @@ import numpy as np
 from ..ops import ReduceOp, finish_average, reduce_into
 
 if TYPE_CHECKING:
-    from ..channel import DataChannel
+    from ..backend import DataChannel
 
 
 def broadcast(ch: "DataChannel", array: np.ndarray, src: int, tag: int) -> None:

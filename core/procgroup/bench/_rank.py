@@ -127,7 +127,7 @@ def _mpi_bootstrap_env() -> None:
 def _control_backend(opts: Options) -> str:
     """The world (control) group: tcp when installed, as its Store serves every other group."""
     names = plugins.backends()
-    if "tcp" in names and not names["tcp"].available():
+    if "tcp" in names and not names["tcp"].unavailable():
         return "tcp"
     return opts.backends[0]
 
@@ -146,7 +146,7 @@ def _pg_missing(name: str) -> str | None:
         spec = plugins.get_backend_spec(name)
     except ProcGroupError as exc:
         return str(exc)
-    return spec.available()
+    return spec.unavailable()
 
 
 def _candidates(opts: Options, control: str, rank: int, n: int, shared_dir: str) -> list[tuple[str, str | None, Callable[[], Variant]]]:

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 import urllib.parse
-from typing import Callable, cast
+from typing import Any, Callable, Mapping, cast
 
 from procgroup.errors import InvalidArgumentError
 
@@ -322,15 +322,22 @@ def register_init_method(scheme: str, handler: Handler) -> None:
         _registered[s] = handler
 
 
-def _plugin_methods() -> dict[str, Handler]:
-    """Schemes from installed plugins; empty until procgroup.plugins provides them."""
-    try:
-        from procgroup import plugins  # imported lazily: plugin discovery is not free
+#: Where schemes contributed by installed plugins come from: set by the core's registry
+#: (procgroup.plugins), which sits above this layer, so rendezvous never imports it.
+_plugin_source: Callable[[], Mapping[str, Any]] | None = None
 
-        found = plugins.extra_init_methods()
-    except (ImportError, AttributeError):
+
+def set_plugin_source(source: Callable[[], Mapping[str, Any]] | None) -> None:
+    """Let ``source()`` supply plugin schemes (scheme -> handler), asked on first need."""
+    global _plugin_source
+    _plugin_source = source
+
+
+def _plugin_methods() -> dict[str, Handler]:
+    """Schemes from installed plugins (empty when no registry was connected)."""
+    if _plugin_source is None:
         return {}
-    return {str(k).lower(): cast(Handler, v) for k, v in dict(found).items()}
+    return {str(k).lower(): cast(Handler, v) for k, v in dict(_plugin_source()).items()}
 
 
 def _handler_for(scheme: str) -> Handler:

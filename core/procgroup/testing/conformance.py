@@ -32,7 +32,7 @@ def _run_suite(rank: int, size: int, opts: dict[str, Any], names: list[str]) -> 
 
     import procgroup as pg
 
-    ch = pg._api._resolve(None).channel  # noqa: SLF001 - which devices it takes directly
+    ch = pg.group_channel()  # which devices it takes directly
     opts = dict(opts, devices=getattr(ch, "devices", None) or get_backend_spec(opts["backend"]).devices)
     return _checks.run_all(rank, size, opts, names)
 

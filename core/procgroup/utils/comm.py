@@ -3,32 +3,28 @@
 Every function works before ``init_process_group`` (a world of one: rank 0, size 1, the
 collectives return their input) and with any backend. Object collectives (``all_gather``,
 ``gather``, ``shared_random_seed``) and ``reduce_dict`` (NumPy values) run on a CPU side
-group (``new_group(backend="tcp")``, created once and cached) when the world backend is
-nccl, because nccl moves device memory only.
+group (the host side channel, created once and cached) when the world backend is nccl,
+because nccl moves device memory only.
 
 Local groups: ``create_local_process_group(n)`` splits the world into blocks of ``n``
 consecutive ranks (one block per machine, the numbering procgroup-run uses).
 ``init_process_group`` calls :func:`maybe_create_local_group_from_env` at its end, so
-under procgroup-run the local group exists without any call in the script.
+under procgroup-run the local group exists without any call in the script. The group is
+kept in procgroup's process-group state, so a destroy forgets it.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 import procgroup as pg
-from procgroup.errors import (
-    InvalidArgumentError,
-    InvalidArrayError,
-    NotInitializedError,
-)
+from procgroup import _state
+from procgroup._lifecycle import create_local_process_group, maybe_create_local_group_from_env
+from procgroup.errors import InvalidArrayError, NotInitializedError
 
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "all_gather",
@@ -46,31 +42,11 @@ __all__ = [
     "synchronize",
 ]
 
-_LOCAL_PROCESS_GROUP: Any = None
-_LOCAL_SIZE: int | None = None
-
 _MISSING_LOCAL_PG_ERROR = (
     "no local process group: call procgroup.utils.comm.create_local_process_group("
     "num_workers_per_machine) on every rank (procgroup-run jobs get one from "
     "init_process_group automatically)"
 )
-
-
-def _reset_cache() -> None:
-    """Forget the cached local group; ``destroy_process_group`` calls this."""
-    global _LOCAL_PROCESS_GROUP, _LOCAL_SIZE
-    _LOCAL_PROCESS_GROUP = None
-    _LOCAL_SIZE = None
-
-
-def _drop_if_stale() -> None:
-    """Forget cached groups whose channel is closed (a destroy, maybe a new init, since).
-
-    A backstop for re-initialization in one process; ``destroy_process_group`` resetting
-    the cache through :func:`_reset_cache` is the primary path.
-    """
-    if _LOCAL_PROCESS_GROUP is not None and getattr(_LOCAL_PROCESS_GROUP, "channel", True) is None:
-        _reset_cache()
 
 
 def _initialized() -> bool:
@@ -92,84 +68,12 @@ def is_main_process() -> bool:
     return get_rank() == 0
 
 
-def create_local_process_group(num_workers_per_machine: int) -> None:
-    """Create the group of this machine's ranks. Collective: every rank calls it, same value.
-
-    Ranks ``k*n .. k*n+n-1`` form machine k's group. Calling it again with the same value is
-    a no-op (init may already have done it); another value raises InvalidArgumentError.
-    """
-    global _LOCAL_PROCESS_GROUP, _LOCAL_SIZE
-    if isinstance(num_workers_per_machine, bool) or not isinstance(num_workers_per_machine, int):
-        raise InvalidArgumentError(
-            f"num_workers_per_machine must be an int, got {type(num_workers_per_machine).__name__}"
-        )
-    if not _initialized():
-        raise NotInitializedError("create_local_process_group needs init_process_group first")
-    _drop_if_stale()
-    world_size = get_world_size()
-    n = num_workers_per_machine
-    if n < 1 or world_size % n != 0:
-        raise InvalidArgumentError(
-            f"num_workers_per_machine={n} must be >= 1 and divide the world size {world_size}"
-        )
-    if _LOCAL_PROCESS_GROUP is not None:
-        if _LOCAL_SIZE == n:
-            return
-        raise InvalidArgumentError(
-            f"a local process group of {_LOCAL_SIZE} workers per machine already exists; "
-            f"cannot create one of {n}"
-        )
-    machine = get_rank() // n
-    mine: Any = None
-    for i in range(world_size // n):  # every rank creates every group, in the same order
-        group = pg.new_group(list(range(i * n, (i + 1) * n)))
-        if i == machine:
-            mine = group
-    _LOCAL_PROCESS_GROUP, _LOCAL_SIZE = mine, n
-    logger.debug("local process group: ranks %d..%d", machine * n, machine * n + n - 1)
-
-
-def maybe_create_local_group_from_env() -> None:
-    """Create the local group from LOCAL_WORLD_SIZE when procgroup is initialized.
-
-    Called by ``init_process_group`` on every rank at the same point. The decision uses only
-    values equal on every rank of a consistent launch (LOCAL_WORLD_SIZE, the world size), so
-    either all ranks create the groups or none does.
-    """
-    _drop_if_stale()
-    value = os.environ.get("LOCAL_WORLD_SIZE")
-    if not value or not _initialized():
-        return
-    try:
-        n = int(value)
-    except ValueError:
-        logger.warning("LOCAL_WORLD_SIZE=%r is not an integer; no local process group", value)
-        return
-    world_size = get_world_size()
-    if n < 1 or world_size % n != 0:
-        logger.warning(
-            "LOCAL_WORLD_SIZE=%d does not divide the world size %d; no local process group",
-            n, world_size,
-        )
-        return
-    if _LOCAL_PROCESS_GROUP is not None and _LOCAL_SIZE == n:
-        return
-    local_rank = os.environ.get("LOCAL_RANK")
-    if local_rank is not None and local_rank != str(get_rank() % n):
-        logger.warning(
-            "LOCAL_RANK=%s but rank %d is local rank %d of its block of %d: the local group "
-            "may not match this machine",
-            local_rank, get_rank(), get_rank() % n, n,
-        )
-    create_local_process_group(n)
-
-
 def get_local_process_group() -> Any:
     """The group of this machine's ranks (see :func:`create_local_process_group`)."""
-    _drop_if_stale()
-    if _LOCAL_PROCESS_GROUP is None:
+    st = _state.state
+    if st is None or st.local_group is None:
         raise NotInitializedError(_MISSING_LOCAL_PG_ERROR)
-    return _LOCAL_PROCESS_GROUP
+    return st.local_group
 
 
 def get_local_rank() -> int:
@@ -197,9 +101,7 @@ def _cpu_group() -> Any:
     """The world's group for host data: the world itself or, on a CUDA-only backend
     (nccl), the tcp side group procgroup's own object collectives use (made on first use,
     collectively: every rank reaches it from the same call)."""
-    from procgroup._api import _resolve, host_group
-
-    return host_group(_resolve(None))
+    return _state.host_group(_state.resolve(None))
 
 
 def all_gather(data: Any, group: Any = None) -> list[Any]:

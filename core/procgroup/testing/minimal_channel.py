@@ -1,8 +1,8 @@
-"""A complete third-party DataChannel in ~30 lines: send/recv over the job's Store.
+"""A complete third-party backend in ~30 lines: send/recv over the job's Store.
 
-It implements only send, recv (with any-source) and close; every collective comes
-from procgroup's generic algorithms. Used by test_plugins.py, both registered at run
-time and installed through a real entry point.
+It implements only ``do_send`` and ``do_recv`` (with any-source); every collective,
+isend/irecv, groups and teardown come from :mod:`procgroup.backend`. Plugin authors
+start from it (docs/plugins.md); procgroup's own tests install it as a real plugin.
 """
 
 import time
@@ -10,9 +10,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from procgroup import DataChannel
+from procgroup.backend import BackendSpec, DataChannel, hookimpl
 from procgroup.errors import CommTimeoutError
-from procgroup.hookspecs import BackendSpec, hookimpl
 
 
 class StoreChannel(DataChannel):
@@ -26,14 +25,16 @@ class StoreChannel(DataChannel):
     def _key(self, src, dst, tag, seq):
         return f"m/{src}/{dst}/{tag}/{seq}"
 
-    def send(self, array, dst, tag=0):
+    def do_send(self, array, dst, tag=0):
+        self.check_usable()
         seq = self._sent[dst, tag]
         self._sent[dst, tag] += 1
         self.ctx.store.set(self._key(self.rank, dst, tag, seq), np.asarray(array).tobytes())
 
-    def recv(self, array, src=None, tag=0):
+    def do_recv(self, array, src=None, tag=0):
         deadline = time.monotonic() + self.timeout
         while True:
+            self.check_usable()
             for peer in range(self.size) if src is None else [src]:
                 key = self._key(peer, self.rank, tag, self._got[peer, tag])
                 if self.ctx.store.check([key]):
@@ -45,9 +46,6 @@ class StoreChannel(DataChannel):
                 who = "any rank" if src is None else f"rank {src}"
                 raise CommTimeoutError(f"recv from {who} timed out", op="recv", ranks=[] if src is None else [src])
             time.sleep(0.0005)
-
-    def close(self):
-        self.shutdown_threads()
 
 
 @hookimpl

@@ -16,10 +16,12 @@ import os
 import socket
 import struct
 
-from .config import ENV_SOCKET_IFNAME
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 log = logging.getLogger(__name__)
+
+#: Which interface socket-based backends bind: ``eth0``, ``eth0,ib0`` or ``^lo,docker``.
+ENV_SOCKET_IFNAME = "PROCGROUP_SOCKET_IFNAME"
 
 _SIOCGIFADDR = 0x8915
 
@@ -117,4 +119,4 @@ def _excluded_prefix(name: str, excluded: set[str]) -> bool:
     return any(name.startswith(e) for e in excluded)
 
 
-__all__ = ["address_routing_to", "choose_address", "interface_addresses"]
+__all__ = ["ENV_SOCKET_IFNAME", "address_routing_to", "choose_address", "interface_addresses"]

@@ -1,0 +1,309 @@
+"""Joining and leaving: init_process_group, new_group, destroy_process_group, the local group.
+
+The state they build lives in :mod:`._state`; the ops in :mod:`._ops` read it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from typing import Any, Mapping, Sequence
+
+from . import _ops, _state, config
+from .backend import DataChannel, timeout_seconds
+from .errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
+from .groups import Group, GroupMember
+from .plugins import backends, load_channel_class
+
+log = logging.getLogger(__name__)
+
+
+class Backend:
+    """Names of the backends this project ships (any installed plugin name works too)."""
+
+    TCP = "tcp"
+    MPI = "mpi"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+def init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    *,
+    world_size: int = -1,
+    rank: int = -1,
+    group_name: str = "",
+    timeout: Any = None,
+    store: Any = None,
+    options: Mapping[str, Any] | None = None,
+) -> None:
+    """Join the default process group: rendezvous, then connect the backend's channel.
+
+    ``backend`` defaults to $PROCGROUP_BACKEND, else "tcp"; ``init_method`` to "env://"
+    (a backend that finds its own peers, like mpi under mpiexec, needs none); ``timeout``
+    (seconds or timedelta, default $PROCGROUP_TIMEOUT or 300 s) bounds every blocking call;
+    ``options`` are the backend's own settings (see its docs), given to every channel.
+    """
+    with _state.lock:
+        if _state.state is not None:
+            raise AlreadyInitializedError(
+                "init_process_group was already called; call destroy_process_group() first"
+            )
+        settings = config.init_settings(backend, init_method, world_size, rank, group_name, timeout)
+        if options is not None and not isinstance(options, Mapping):
+            raise InvalidArgumentError(f"init_process_group: options must be a dict, got {type(options).__name__}")
+        spec, cls = load_channel_class(settings.backend)
+        rank_, size, the_store, master_addr = _meet(settings, cls, store)
+        st = _state.State(world=None, store=the_store, timeout=settings.timeout,  # type: ignore[arg-type]
+                          master_addr=master_addr, options=dict(options or {}))
+        ctx = _state.make_context(st, range(size), rank_, 0, "world", settings.timeout)
+        try:
+            channel = cls(ctx)
+        except BaseException:
+            _close_quietly(the_store)  # a failed connect must not leave rank 0's server up
+            raise
+        st.world = Group(range(size), rank_, channel, spec, group_id=0)
+        _state.state = st
+        if "cpu" in _state.devices(st.world):
+            _ops.bind_world(channel)
+        # a script that just ends still says goodbye, so its peers see "left", not "died"
+        atexit.register(destroy_process_group)
+        log.info("rank %d of %d joined the %s process group", rank_, size, spec.name)
+    _after_init_hooks()
+
+
+def _meet(settings: config.InitSettings, cls: type[DataChannel], store: Any) -> tuple[int, int, Any, str | None]:
+    """Find rank, size and a Store: from ``store``, the backend itself, or the init method."""
+    from .rendezvous import rendezvous
+
+    if store is not None:
+        if settings.init_method is not None:
+            raise InvalidArgumentError("init_process_group: pass either init_method or store, not both")
+        if settings.rank < 0 or settings.world_size < 1:
+            raise InvalidArgumentError("init_process_group: with store=..., rank and world_size must be given")
+        _check_rank(settings.rank, settings.world_size, "init_process_group")
+        return settings.rank, settings.world_size, store, None
+    found = cls.discover_world() if settings.init_method is None else None
+    if found is not None:
+        rank_, size = found
+        for name, given, actual in (("world_size", settings.world_size, size), ("rank", settings.rank, rank_)):
+            if given != -1 and given != actual:
+                raise InvalidArgumentError(
+                    f"init_process_group: argument {name}={given} contradicts the {cls.backend_name} "
+                    f"launcher, which says {name}={actual}"
+                )
+        return rank_, size, cls.discover_store(rank_, size, settings.timeout), None
+    result = rendezvous(
+        settings.init_method or "env://", rank=settings.rank, world_size=settings.world_size,
+        group_name=settings.group_name, timeout=settings.timeout,
+    )
+    return result.rank, result.world_size, result.store, result.master_addr
+
+
+def _check_rank(rank: int, size: int, where: str) -> None:
+    if not 0 <= rank < size:
+        raise InvalidArgumentError(f"{where}: rank {rank} is outside the world of size {size}")
+
+
+def _after_init_hooks() -> None:
+    """Once the world exists: tracebacks to procgroup-run's error file, its local group."""
+    from ._launch.rankside import install_error_handler
+
+    install_error_handler()
+    maybe_create_local_group_from_env()
+
+
+def destroy_process_group(group: Any = None) -> None:
+    """Close ``group``'s channel, or every channel and the Store when no group is given."""
+    with _state.lock:
+        st = _state.state
+        if st is None:
+            return
+        if group is not None and group is not GroupMember.WORLD and group is not st.world:
+            _close_group(group)
+            return
+        _ops.bind_world(None)
+        for g in reversed(st.groups):
+            _close_group(g)
+        _close_group(st.world)
+        _close_quietly(st.store)
+        _state.state = None
+        atexit.unregister(destroy_process_group)
+
+
+def _close_quietly(store: Any) -> None:
+    close = getattr(store, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - teardown must finish
+            log.debug("store close failed", exc_info=True)
+
+
+def _close_group(g: Group) -> None:
+    for grp in (g.host_group, g):
+        if grp is not None and grp.channel is not None:
+            try:
+                grp.channel.close()
+            except Exception:  # noqa: BLE001 - keep tearing down the rest
+                log.warning("closing %r failed", grp, exc_info=True)
+            grp.channel = None
+
+
+def is_initialized() -> bool:
+    return _state.state is not None
+
+
+def is_available() -> bool:
+    """True when procgroup has at least one installed backend."""
+    return bool(backends())
+
+
+def get_rank(group: Any = None) -> int:
+    """This process's rank in ``group`` (-1 when not a member)."""
+    return _state.resolve(group).rank
+
+
+def get_world_size(group: Any = None) -> int:
+    return _state.resolve(group).size
+
+
+def get_backend(group: Any = None) -> str:
+    return _state.resolve(group).backend
+
+
+# --------------------------------------------------------------------- groups
+def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, timeout: Any = None,
+              options: Mapping[str, Any] | None = None) -> Group:
+    """Create a group of world ``ranks``; every rank of the world calls it, in the same order.
+
+    Members talk over the world's transport (or a new channel of ``backend``); non-members
+    get a handle whose ``rank`` is -1 and on which every op raises a clear error.
+    """
+    st = _state.world()
+    size = st.world.size
+    if ranks is None:
+        ranks = list(range(size))
+    try:
+        members = sorted(int(r) for r in ranks)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"new_group: ranks must be a list of ints, got {ranks!r}") from None
+    if len(set(members)) != len(members):
+        raise InvalidArgumentError(f"new_group: ranks {list(ranks)} contain duplicates")
+    for r in members:
+        _check_rank(r, size, "new_group")
+    if not members:
+        raise InvalidArgumentError("new_group: ranks must not be empty")
+    secs = st.timeout if timeout is None else timeout_seconds(timeout)
+    with _state.lock:
+        gid = st.next_group_id
+        st.next_group_id += 1
+    my_rank = members.index(st.world.rank) if st.world.rank in members else -1
+    spec = st.world.spec
+    channel: DataChannel | None = None
+    if my_rank >= 0:
+        ctx = _state.make_context(st, members, my_rank, gid, "group", secs, dict(options or {}))
+        world_channel = st.world.channel
+        if world_channel is None:
+            raise NotInitializedError("the world group was destroyed")
+        if backend is None or backend.lower() == st.world.backend:
+            channel = world_channel.new_group(list(members), ctx)
+        else:
+            spec, cls = load_channel_class(backend)
+            channel = cls(ctx)
+    g = Group(members, my_rank, channel, spec, gid)
+    st.groups.append(g)
+    return g
+
+
+def group_channel(group: Any = None) -> DataChannel:
+    """The DataChannel of ``group`` (default: the world), for a backend's own calls
+    (nccl's *_multigpu, say); raises when this process is not a member."""
+    return _state.group_channel(group, "group_channel")
+
+
+# --------------------------------------------------------------------- the local group
+def create_local_process_group(num_workers_per_machine: int) -> None:
+    """Create the group of this machine's ranks. Collective: every rank calls it, same value.
+
+    Ranks ``k*n .. k*n+n-1`` form machine k's group. Calling it again with the same value is
+    a no-op (init may already have done it); another value raises InvalidArgumentError.
+    """
+    if isinstance(num_workers_per_machine, bool) or not isinstance(num_workers_per_machine, int):
+        raise InvalidArgumentError(
+            f"num_workers_per_machine must be an int, got {type(num_workers_per_machine).__name__}"
+        )
+    if _state.state is None:
+        raise NotInitializedError("create_local_process_group needs init_process_group first")
+    st = _state.state
+    world_size = st.world.size
+    n = num_workers_per_machine
+    if n < 1 or world_size % n != 0:
+        raise InvalidArgumentError(
+            f"num_workers_per_machine={n} must be >= 1 and divide the world size {world_size}"
+        )
+    if st.local_group is not None:
+        if st.local_size == n:
+            return
+        raise InvalidArgumentError(
+            f"a local process group of {st.local_size} workers per machine already exists; "
+            f"cannot create one of {n}"
+        )
+    machine = st.world.rank // n
+    mine: Group | None = None
+    for i in range(world_size // n):  # every rank creates every group, in the same order
+        group = new_group(list(range(i * n, (i + 1) * n)))
+        if i == machine:
+            mine = group
+    st.local_group, st.local_size = mine, n
+    log.debug("local process group: ranks %d..%d", machine * n, machine * n + n - 1)
+
+
+def maybe_create_local_group_from_env() -> None:
+    """Create the local group from LOCAL_WORLD_SIZE when procgroup is initialized.
+
+    Called by ``init_process_group`` on every rank at the same point. The decision uses only
+    values equal on every rank of a consistent launch (LOCAL_WORLD_SIZE, the world size), so
+    either all ranks create the groups or none does.
+    """
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    st = _state.state
+    if not value or st is None:
+        return
+    try:
+        n = int(value)
+    except ValueError:
+        log.warning("LOCAL_WORLD_SIZE=%r is not an integer; no local process group", value)
+        return
+    world_size, rank = st.world.size, st.world.rank
+    if n < 1 or world_size % n != 0:
+        log.warning("LOCAL_WORLD_SIZE=%d does not divide the world size %d; no local process group",
+                    n, world_size)
+        return
+    if st.local_group is not None and st.local_size == n:
+        return
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is not None and local_rank != str(rank % n):
+        log.warning(
+            "LOCAL_RANK=%s but rank %d is local rank %d of its block of %d: the local group "
+            "may not match this machine", local_rank, rank, rank % n, n,
+        )
+    create_local_process_group(n)
+
+
+__all__ = [
+    "Backend",
+    "create_local_process_group",
+    "destroy_process_group",
+    "get_backend",
+    "get_rank",
+    "get_world_size",
+    "group_channel",
+    "init_process_group",
+    "is_available",
+    "is_initialized",
+    "maybe_create_local_group_from_env",
+    "new_group",
+]

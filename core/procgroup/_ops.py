@@ -1,0 +1,246 @@
+"""The public ops: validate locally, translate ranks, stage arrays, call the channel.
+
+Every call checks its arguments before anything is sent, translates world ranks to
+group ranks, stages CUDA arrays through host memory for CPU-only backends, and then
+runs the op on the group's channel: ``channel.run`` when blocking, ``channel.start``
+(a Work) with ``async_op=True``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import _state
+from ._staging import Prepared, copy_back, prepare, prepare_list
+from .backend import MAX_USER_TAG, DataChannel, MappedWork, Work
+from .errors import InvalidArgumentError, ProcGroupError
+from .groups import Group
+from .ops import ReduceOp, check_op_dtype
+
+
+def _execute(g: Group, op: str, args: tuple[Any, ...], written: Sequence[Prepared], async_op: bool) -> Work | None:
+    """Run collective ``op`` on ``g``'s channel, now or as a Work; copy staged results back."""
+    channel: Any = g.channel  # member() checked it is there
+    then = copy_back(written)
+    try:
+        if async_op:
+            work = channel.start(op, *args)
+            return MappedWork(work, then=then) if then is not None else work
+        channel.run(op, *args)
+    except ProcGroupError as exc:
+        _name_op(exc, op, g)
+        raise
+    if then is not None:
+        then()
+    return None
+
+
+def _name_op(exc: BaseException, op: str, g: Group) -> None:
+    """Prefix a transport error with the op and group, keeping its type and attributes."""
+    if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(op):
+        where = "" if g.group_id == 0 else f" (group {list(g.ranks)})"
+        exc.args = (f"{op}{where}: {exc.args[0]}",) + exc.args[1:]
+
+
+# --------------------------------------------------------------------- point to point
+def _check_tag(tag: int, op: str) -> None:
+    if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < MAX_USER_TAG:
+        raise InvalidArgumentError(f"{op}: tag must be an int in [0, 2**31), got {tag!r}")
+
+
+def _peer(g: Group, rank: int, what: str, op: str) -> int:
+    peer = g.group_rank(rank, what)
+    if peer == g.rank:
+        raise InvalidArgumentError(f"{op}: {what}={rank} is this process's own rank")
+    return peer
+
+
+def _p2p(op: str, array: Any, rank: int | None, group: Any, tag: int) -> tuple[Group, DataChannel, int | None, Prepared]:
+    g = _state.member(group, op)
+    _check_tag(tag, op)
+    receiving = op.endswith("recv")
+    peer = None if rank is None else _peer(g, rank, "src" if receiving else "dst", op)
+    p = prepare(g, array, "array", op, writable=receiving, reads=not receiving)
+    return g, g.channel, peer, p  # type: ignore[return-value]
+
+
+def send(array: Any, dst: int, group: Any = None, tag: int = 0) -> None:
+    """Send ``array`` to world rank ``dst``; blocks until the buffer may be reused."""
+    g, channel, peer, p = _p2p("send", array, dst, group, tag)
+    try:
+        channel.send(p.native, peer, tag)
+    except ProcGroupError as exc:
+        _name_op(exc, "send", g)
+        raise
+
+
+def recv(array: Any, src: int | None = None, group: Any = None, tag: int = 0) -> int:
+    """Receive into ``array`` from ``src`` (any rank when None); returns the sender's rank."""
+    g, channel, peer, p = _p2p("recv", array, src, group, tag)
+    try:
+        sender = channel.recv(p.native, peer, tag)
+    except ProcGroupError as exc:
+        _name_op(exc, "recv", g)
+        raise
+    then = copy_back([p])
+    if then is not None:
+        then()
+    return g.global_rank(sender)
+
+
+def isend(array: Any, dst: int, group: Any = None, tag: int = 0) -> Work:
+    """Start sending ``array``; don't touch it until the returned Work is waited on."""
+    _, channel, peer, p = _p2p("isend", array, dst, group, tag)
+    return channel.isend(p.native, peer, tag)
+
+
+def irecv(array: Any, src: int | None = None, group: Any = None, tag: int = 0) -> Work:
+    """Start receiving into ``array``; ``Work.source_rank()`` is the sender after wait()."""
+    g, channel, peer, p = _p2p("irecv", array, src, group, tag)
+    return MappedWork(channel.irecv(p.native, peer, tag), mapping=g.global_rank, then=copy_back([p]))
+
+
+# --------------------------------------------------------------------- collectives
+def broadcast(array: Any, src: int, group: Any = None, async_op: bool = False) -> Work | None:
+    """Copy world rank ``src``'s array into every member's array."""
+    g = _state.member(group, "broadcast")
+    root = g.group_rank(src, "src")
+    p = prepare(g, array, "array", "broadcast", writable=True, reads=g.rank == root)
+    return _execute(g, "broadcast", (p.native, root), [p], async_op)
+
+
+#: (op, dtype) pairs that passed check_op_dtype for a native NumPy array, and the world
+#: channel's blocking all_reduce when it takes host arrays: all_reduce's fast path, the
+#: call whose fixed cost decides small-message latency.
+_reduce_checked: dict[ReduceOp, set[np.dtype]] = {op: set() for op in ReduceOp}
+_world_all_reduce: Callable[[Any, ReduceOp], None] | None = None
+_ndarray = np.ndarray
+
+
+def bind_world(channel: DataChannel | None) -> None:
+    """Cache the world channel's blocking all_reduce for the fast path (None: forget it)."""
+    global _world_all_reduce
+    _world_all_reduce = None if channel is None else channel.blocking("all_reduce")
+
+
+def all_reduce(array: Any, op: ReduceOp = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+    """Reduce every member's array with ``op``; each gets the result in place."""
+    run = _world_all_reduce
+    if run is not None and group is None and not async_op and type(array) is _ndarray:
+        # what member/prepare/check_op_dtype check, for a world all_reduce of a NumPy
+        # array: a checked (op, dtype), C-contiguous, aligned and writeable ("carray")
+        try:
+            known = array.dtype in _reduce_checked[op]
+        except (KeyError, TypeError):  # a new or unhashable op: the slow path checks it
+            known = False
+        if known and array.flags.carray:
+            try:
+                run(array, op)
+            except ProcGroupError as exc:
+                _name_op(exc, "all_reduce", _state.world().world)
+                raise
+            return None
+    g = _state.member(group, "all_reduce")
+    p = prepare(g, array, "array", "all_reduce", writable=True)
+    check_op_dtype(op, p.dtype)
+    if type(p.original) is np.ndarray and p.native is p.original:
+        _reduce_checked[op].add(p.dtype)
+    return _execute(g, "all_reduce", (p.native, op), [p], async_op)
+
+
+def reduce(array: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+    """Reduce every member's array into world rank ``dst``'s; others' stay unchanged."""
+    g = _state.member(group, "reduce")
+    root = g.group_rank(dst, "dst")
+    p = prepare(g, array, "array", "reduce", writable=g.rank == root)
+    check_op_dtype(op, p.dtype)
+    return _execute(g, "reduce", (p.native, root, op), [p] if g.rank == root else [], async_op)
+
+
+def all_gather(array_list: list[Any], array: Any, group: Any = None, async_op: bool = False) -> Work | None:
+    """array_list[i] receives member i's array, on every member."""
+    g = _state.member(group, "all_gather")
+    p = prepare(g, array, "array", "all_gather", writable=False)
+    outs = prepare_list(g, array_list, "array_list", "all_gather", p, writable=True, reads=False)
+    return _execute(g, "all_gather", ([o.native for o in outs], p.native), outs, async_op)
+
+
+def gather(array: Any, gather_list: list[Any] | None = None, dst: int = 0, group: Any = None,
+           async_op: bool = False) -> Work | None:
+    """World rank ``dst`` receives every member's array into gather_list (only dst passes it)."""
+    g = _state.member(group, "gather")
+    root = g.group_rank(dst, "dst")
+    p = prepare(g, array, "array", "gather", writable=False)
+    outs: list[Prepared] = []
+    if g.rank == root:
+        if gather_list is None:
+            raise InvalidArgumentError(f"gather: rank {dst} is dst and must pass gather_list")
+        outs = prepare_list(g, gather_list, "gather_list", "gather", p, writable=True, reads=False)
+    elif gather_list:
+        raise InvalidArgumentError(f"gather: only dst (rank {dst}) passes gather_list")
+    native = [o.native for o in outs] if outs else None
+    return _execute(g, "gather", (p.native, native, root), outs, async_op)
+
+
+def scatter(array: Any, scatter_list: list[Any] | None = None, src: int = 0, group: Any = None,
+            async_op: bool = False) -> Work | None:
+    """Member i receives scatter_list[i] from world rank ``src`` into ``array``."""
+    g = _state.member(group, "scatter")
+    root = g.group_rank(src, "src")
+    p = prepare(g, array, "array", "scatter", writable=True, reads=False)
+    ins: list[Prepared] = []
+    if g.rank == root:
+        if scatter_list is None:
+            raise InvalidArgumentError(f"scatter: rank {src} is src and must pass scatter_list")
+        ins = prepare_list(g, scatter_list, "scatter_list", "scatter", p, writable=False)
+    elif scatter_list:
+        raise InvalidArgumentError(f"scatter: only src (rank {src}) passes scatter_list")
+    native = [i.native for i in ins] if ins else None
+    return _execute(g, "scatter", (p.native, native, root), [p], async_op)
+
+
+def reduce_scatter(output: Any, input_list: list[Any], op: ReduceOp = ReduceOp.SUM, group: Any = None,
+                   async_op: bool = False) -> Work | None:
+    """output = op over members of their input_list[my rank]."""
+    g = _state.member(group, "reduce_scatter")
+    p = prepare(g, output, "output", "reduce_scatter", writable=True, reads=False)
+    check_op_dtype(op, p.dtype)
+    ins = prepare_list(g, input_list, "input_list", "reduce_scatter", p, writable=False)
+    return _execute(g, "reduce_scatter", (p.native, [i.native for i in ins], op), [p], async_op)
+
+
+def all_to_all(output_list: list[Any], input_list: list[Any], group: Any = None,
+               async_op: bool = False) -> Work | None:
+    """output_list[j] receives member j's input_list[my rank]."""
+    g = _state.member(group, "all_to_all")
+    if not isinstance(input_list, (list, tuple)) or not input_list:
+        raise InvalidArgumentError("all_to_all: input_list must be a non-empty list of arrays")
+    ins = prepare_list(g, input_list, "input_list", "all_to_all", None, writable=False)
+    outs = prepare_list(g, output_list, "output_list", "all_to_all", ins[0], writable=True, reads=False)
+    return _execute(g, "all_to_all", ([o.native for o in outs], [i.native for i in ins]), outs, async_op)
+
+
+def barrier(group: Any = None, async_op: bool = False) -> Work | None:
+    """Return once every member has entered the barrier."""
+    g = _state.member(group, "barrier")
+    return _execute(g, "barrier", (), [], async_op)
+
+
+__all__ = [
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "barrier",
+    "bind_world",
+    "broadcast",
+    "gather",
+    "irecv",
+    "isend",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+    "send",
+]

@@ -1,0 +1,132 @@
+"""The process-group state: the world, its groups, the local group and the side channels.
+
+One module-level :class:`State` while procgroup is initialized. Everything above it (the
+public ops, the object collectives, ``utils.comm``) reads it through the functions here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from . import arrays
+from .backend import BackendSpec, ChannelContext, DataChannel
+from .errors import BackendNotFoundError, InvalidArgumentError, NotInitializedError
+from .groups import Group, GroupMember
+from .plugins import load_channel_class, side_channel_spec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class State:
+    world: Group
+    store: Any
+    timeout: float
+    master_addr: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+    groups: list[Group] = field(default_factory=list)
+    next_group_id: int = 1
+    #: the group of this machine's ranks (utils.comm.create_local_process_group)
+    local_group: Group | None = None
+    local_size: int | None = None
+
+
+state: State | None = None
+lock = threading.RLock()
+
+
+def world() -> State:
+    if state is None:
+        raise NotInitializedError("procgroup is not initialized: call procgroup.init_process_group() first")
+    return state
+
+
+def resolve(group: Any) -> Group:
+    """The Group for ``group`` (None or group.WORLD: the world)."""
+    st = world()
+    if group is None or group is GroupMember.WORLD:
+        return st.world
+    if isinstance(group, Group):
+        return group
+    raise InvalidArgumentError(f"group must be a procgroup Group or group.WORLD, got {group!r}")
+
+
+def member(group: Any, op: str) -> Group:
+    """The Group for ``group``, which this process belongs to and which is still open."""
+    g = resolve(group)
+    if not g.is_member:
+        raise InvalidArgumentError(f"{op}: rank {world().world.rank} is not a member of group {list(g.ranks)}")
+    if g.channel is None:
+        raise NotInitializedError(f"{op}: the group was destroyed")
+    return g
+
+
+def group_channel(group: Any = None, op: str = "group_channel") -> DataChannel:
+    """The DataChannel of ``group`` (default: the world), for backend-specific calls."""
+    channel = member(group, op).channel
+    assert channel is not None  # member() checked
+    return channel
+
+
+def devices(g: Group) -> tuple[str, ...]:
+    """What the group's channel takes directly: its own answer (CUDA-aware MPI), else the spec's."""
+    return getattr(g.channel, "devices", None) or g.spec.devices
+
+
+def make_context(st: State, members: Sequence[int], my_rank: int, gid: int, label: str, timeout: float,
+                 options: dict[str, Any] | None = None) -> ChannelContext:
+    from .rendezvous import PrefixStore
+
+    return ChannelContext(
+        rank=my_rank, size=len(members), store=PrefixStore(f"pg/{label}{gid}", st.store), timeout=timeout,
+        master_addr=st.master_addr, global_ranks=tuple(members), group_id=gid,
+        options={**st.options, **(options or {})}, open_side_channel=open_side_channel,
+    )
+
+
+def open_side_channel(ctx: ChannelContext) -> DataChannel:
+    """A host point-to-point channel over ctx's members: the best installed side-channel
+    backend (tcp where installed), picked through the registry, never by import."""
+    spec = side_channel_spec()
+    if spec is None:
+        raise BackendNotFoundError(
+            "this backend needs a host side channel, and no installed backend can serve as one; "
+            "install procgroup-tcp (pip install procgroup-tcp)"
+        )
+    _, cls = load_channel_class(spec.name)
+    return cls(ctx)
+
+
+def host_group(g: Group) -> Group:
+    """``g`` itself when its backend moves host arrays, else a cached side group of it.
+
+    Object collectives pickle to host bytes; on a CUDA-only world (nccl) they run over
+    this side group. Created lazily by the first object collective, which every member
+    calls, so the creation is collective too.
+    """
+    if arrays.CPU in devices(g):
+        return g
+    if g.host_group is None:
+        st = world()
+        spec: BackendSpec | None = side_channel_spec()
+        ctx = make_context(st, g.ranks, g.rank, g.group_id, "host", st.timeout)
+        g.host_group = Group(g.ranks, g.rank, open_side_channel(ctx), spec or g.spec, g.group_id)
+    return g.host_group
+
+
+__all__ = [
+    "State",
+    "devices",
+    "group_channel",
+    "host_group",
+    "lock",
+    "make_context",
+    "member",
+    "open_side_channel",
+    "resolve",
+    "state",
+    "world",
+]

@@ -1,0 +1,74 @@
+"""procgroup.backend: the public SDK every backend is built on.
+
+A backend is a :class:`DataChannel` subclass that implements each op once, as
+``do_<op>`` (runs on the caller's thread) or ``start_<op>`` (returns a :class:`Work`),
+plus a plugin module whose ``procgroup_backends`` hook returns a :class:`BackendSpec`.
+The rest is here so that no backend writes it again: the Work handles, the generic
+collectives, :class:`SubChannel` for groups, reduction lowering tables
+(:class:`ReduceTable`), one wait (:func:`poll`), settings parsing, the broken/closed
+state (:meth:`DataChannel.fail`, :meth:`DataChannel.check_usable`), and the interface
+picker (:func:`choose_address`). docs/plugins.md walks through writing one.
+
+Backends import this package, ``procgroup.errors``, ``procgroup.ops``,
+``procgroup.arrays``, ``procgroup.rendezvous`` and ``procgroup.algorithms``, and
+nothing private.
+"""
+
+from ._channel import DataChannel, SubChannel, fresh, implemented_ops
+from ._context import (
+    ALL_OPS,
+    COLLECTIVE_TAG_BASE,
+    COLLECTIVES,
+    MAX_USER_TAG,
+    OPS,
+    POINT_TO_POINT,
+    ChannelContext,
+)
+from ._lowering import Lowered, ReduceTable, flat_view
+from ._netif import ENV_SOCKET_IFNAME, choose_address
+from ._settings import MAX_TIMEOUT_S, env_choice, env_flag, env_timeout, setting, timeout_seconds
+from ._spec import BackendSpec, InitMethodSpec, hookimpl
+from ._wait import poll
+from ._work import CompletedWork, FutureWork, MappedWork, OrderedExecutor, Work
+
+
+def host_address(ctx: ChannelContext) -> str:
+    """The address a socket-based channel of ``ctx`` binds and publishes to its peers."""
+    ifname = ctx.options.get("ifname")
+    return choose_address(ctx.master_addr, None if ifname is None else str(ifname))
+
+
+__all__ = [
+    "ALL_OPS",
+    "BackendSpec",
+    "COLLECTIVES",
+    "COLLECTIVE_TAG_BASE",
+    "ChannelContext",
+    "CompletedWork",
+    "DataChannel",
+    "ENV_SOCKET_IFNAME",
+    "FutureWork",
+    "InitMethodSpec",
+    "Lowered",
+    "MAX_TIMEOUT_S",
+    "MAX_USER_TAG",
+    "MappedWork",
+    "OPS",
+    "OrderedExecutor",
+    "POINT_TO_POINT",
+    "ReduceTable",
+    "SubChannel",
+    "Work",
+    "choose_address",
+    "env_choice",
+    "env_flag",
+    "env_timeout",
+    "flat_view",
+    "fresh",
+    "hookimpl",
+    "host_address",
+    "implemented_ops",
+    "poll",
+    "setting",
+    "timeout_seconds",
+]

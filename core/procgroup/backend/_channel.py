@@ -1,0 +1,342 @@
+"""DataChannel: the base every backend is built on, with one contract for an op;
+SubChannel: a group riding on its parent's transport (new_group's default).
+
+A backend implements each op once, in one of two forms:
+
+- ``do_<op>(...)`` runs the op to completion on the caller's thread (sockets, shared
+  memory, pygloo). ``async_op=True`` runs it on the channel's ordered thread.
+- ``start_<op>(...) -> Work`` starts the op without blocking (MPI's nonblocking calls,
+  NCCL streams). A blocking call is ``start_<op>(...).wait()``.
+
+The most derived class that defines either form decides; a class may define both when
+its blocking form is cheaper than start + wait (it is then used for blocking calls
+only). Required: ``send`` and ``recv`` (any-source when ``src`` is None) in either
+form. Every collective has a ``do_`` default here, built on point-to-point by
+:mod:`procgroup.algorithms` on a private tag space, so a send/recv-only backend is
+complete. ``do_close`` releases the transport; :meth:`close` calls it once.
+
+Callers (the core, the algorithms) never call ``do_``/``start_`` themselves: they use
+:meth:`send`/:meth:`recv`/:meth:`isend`/:meth:`irecv`, :meth:`run` (blocking) and
+:meth:`start` (a Work), and :meth:`blocking` for the latency-critical fast path.
+
+Arrays reaching a channel are already validated: NumPy arrays viewing the caller's
+memory (C-contiguous, writable where the op writes), or device arrays when the backend
+declared the ``cuda`` device. Ranks are the channel's own (0..size-1).
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+import copy
+import itertools
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from ..algorithms import direct, ring, tree
+from ..errors import ChannelClosedError
+from ..ops import ReduceOp
+from ._context import (
+    COLLECTIVE_TAG_BASE,
+    GROUP_P2P_TAG_BASE,
+    GROUP_TAG_STRIDE,
+    MAX_USER_TAG,
+    OPS,
+    POINT_TO_POINT,
+    ChannelContext,
+)
+from ._work import FutureWork, MappedWork, OrderedExecutor, Work
+
+if TYPE_CHECKING:
+    from ..rendezvous import Store
+
+log = logging.getLogger(__name__)
+
+_P2P = frozenset(POINT_TO_POINT)
+
+
+def fresh(exc: BaseException) -> BaseException:
+    """A new instance of a stored error, so each raise gets its own traceback."""
+    clone = copy.copy(exc)
+    clone.__cause__ = exc.__cause__
+    clone.__traceback__ = None
+    return clone
+
+
+def _forms(cls: type) -> dict[str, tuple[bool, bool]]:
+    """op -> (has do_<op>, has start_<op>), from the most derived class defining either."""
+    table = {}
+    for op in OPS:
+        table[op] = (False, False)
+        for klass in cls.__mro__:
+            do, start = f"do_{op}" in klass.__dict__, f"start_{op}" in klass.__dict__
+            if do or start:
+                table[op] = (do, start)
+                break
+    return table
+
+
+class DataChannel(abc.ABC):
+    """One communicator over one transport. Subclass it to write a backend."""
+
+    #: The backend's name, set by the registry from the plugin's spec.
+    backend_name: str = ""
+    #: Devices this instance takes directly, when it knows better than its BackendSpec
+    #: (e.g. a CUDA-aware MPI adds "cuda"); None means the spec's ``devices``.
+    devices: tuple[str, ...] | None = None
+    #: op -> (do form, start form); computed once per class.
+    _forms: dict[str, tuple[bool, bool]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._forms = _forms(cls)
+
+    @classmethod
+    def discover_world(cls) -> tuple[int, int] | None:
+        """(rank, size) when the backend finds its peers itself (mpi under mpiexec).
+
+        Called only when init_process_group got no init_method; None means "use the
+        init method" (env:// by default).
+        """
+        return None
+
+    @classmethod
+    def discover_store(cls, rank: int, size: int, timeout: float) -> "Store":
+        """After :meth:`discover_world`: a Store every rank shares (collective).
+
+        The default is a process-local HashStore, enough for a world of one.
+        """
+        from ..rendezvous import HashStore
+
+        return HashStore()
+
+    def __init__(self, ctx: ChannelContext) -> None:
+        for op in POINT_TO_POINT:
+            if self._forms.get(op, (False, False)) == (False, False):
+                raise TypeError(f"{type(self).__name__} must implement do_{op} or start_{op}")
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.size = ctx.size
+        self.timeout = ctx.timeout
+        self._collective_seq = itertools.count()
+        self._p2p_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor = OrderedExecutor(f"procgroup-{self.backend_name or 'channel'}-g{ctx.group_id}")
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._state_lock = threading.Lock()
+        # the caller-facing p2p calls, bound once: they are on every message's path
+        self.send: Callable[..., None] = self.blocking("send")
+        self.recv: Callable[..., int] = self.blocking("recv")
+
+    # ------------------------------------------------------------ the caller's side
+    def send(self, array: Any, dst: int, tag: int = 0) -> None:  # type: ignore[no-redef]
+        """Send ``array`` to channel rank ``dst``; returns when the buffer may be reused."""
+        self.run("send", array, dst, tag)
+
+    def recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:  # type: ignore[no-redef]
+        """Receive into ``array`` from ``src`` (any rank when None); returns the sender."""
+        return int(self.run("recv", array, src, tag))
+
+    def isend(self, array: Any, dst: int, tag: int = 0) -> Work:
+        """Start a send; the Work completes when the buffer may be reused."""
+        return self.start("send", array, dst, tag)
+
+    def irecv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
+        """Start a receive; ``Work.result()`` is the sender's rank."""
+        return self.start("recv", array, src, tag)
+
+    def run(self, op: str, *args: Any) -> Any:
+        """Run ``op`` to completion (after the collectives still queued on the thread)."""
+        return self.blocking(op)(*args)
+
+    def start(self, op: str, *args: Any) -> Work:
+        """Start ``op`` and return its Work without waiting for it."""
+        has_do, has_start = self._forms[op]
+        if has_start:
+            return getattr(self, f"start_{op}")(*args)
+        fn = getattr(self, f"do_{op}")
+        if op in _P2P:
+            return FutureWork(op, self._p2p_executor().submit(fn, *args))
+        return FutureWork(op, self._executor.submit(fn, *args))
+
+    def blocking(self, op: str) -> Callable[..., Any]:
+        """The fastest callable that runs ``op`` to completion; the core caches it for
+        small messages (its cost is the fixed cost of every blocking call)."""
+        has_do, has_start = self._forms[op]
+        if has_do:
+            fn = getattr(self, f"do_{op}")
+            if op in _P2P:
+                return fn
+            executor = self._executor
+
+            def run_in_order(*args: Any) -> Any:
+                if executor.busy:  # async collectives still queued: keep the order
+                    work = self.start(op, *args)
+                    work.wait()
+                    return work.result()
+                return fn(*args)
+
+            return run_in_order
+        starter = getattr(self, f"start_{op}")
+
+        def start_and_wait(*args: Any) -> Any:
+            work = starter(*args)
+            work.wait()
+            return work.result()
+
+        return start_and_wait
+
+    def implements(self, op: str) -> bool:
+        """True when this backend implements ``op`` itself (not the generic default)."""
+        return implemented_ops(type(self)).__contains__(op)
+
+    # ------------------------------------------------------------ collectives on p2p
+    def next_collective_tag(self) -> int:
+        """A tag no user message and no other collective of any group can carry."""
+        seq = next(self._collective_seq) % GROUP_TAG_STRIDE
+        return COLLECTIVE_TAG_BASE + self.ctx.group_id * GROUP_TAG_STRIDE + seq
+
+    def do_broadcast(self, array: Any, src: int) -> None:
+        tree.broadcast(self, array, src, self.next_collective_tag())
+
+    def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
+        ring.all_reduce(self, array, op, self.next_collective_tag())
+
+    def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
+        tree.reduce(self, array, dst, op, self.next_collective_tag())
+
+    def do_all_gather(self, output_list: Sequence[Any], array: Any) -> None:
+        ring.all_gather(self, output_list, array, self.next_collective_tag())
+
+    def do_gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
+        direct.gather(self, array, gather_list, dst, self.next_collective_tag())
+
+    def do_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
+        direct.scatter(self, array, scatter_list, src, self.next_collective_tag())
+
+    def do_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
+        ring.reduce_scatter(self, output, input_list, op, self.next_collective_tag())
+
+    def do_all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> None:
+        direct.all_to_all(self, output_list, input_list, self.next_collective_tag())
+
+    def do_barrier(self) -> None:
+        direct.barrier(self, self.next_collective_tag())
+
+    # ------------------------------------------------------------ groups
+    def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> "DataChannel":
+        """A channel over ``ranks`` (this channel's ranks), called by those members only.
+
+        The default reuses this channel's transport with translated ranks and a tag space
+        of its own; a backend with native communicators (MPI, NCCL, gloo) overrides it.
+        """
+        return SubChannel(self, ranks, ctx)
+
+    # ------------------------------------------------------------ health and teardown
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that broke the channel (a peer died), or None while it is healthy."""
+        return self._failure
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def fail(self, exc: BaseException) -> bool:
+        """Break the channel: every later call raises a copy of ``exc``. True the first time."""
+        with self._state_lock:
+            if self._closed or self._failure is not None:
+                return False
+            self._failure = exc
+        log.error("procgroup %s: %s", self.backend_name or "channel", exc)
+        return True
+
+    def check_usable(self) -> None:
+        """Raise ChannelClosedError after close(), or the error that broke the channel."""
+        if self._closed:
+            raise ChannelClosedError(
+                f"the {self.backend_name or 'procgroup'} channel is closed (destroy_process_group was called)")
+        if self._failure is not None:
+            raise fresh(self._failure)
+
+    def close(self) -> None:
+        """Release the transport once (``do_close``); pending calls fail, never hang."""
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.do_close()
+        finally:
+            self._executor.shutdown()
+            if self._p2p_pool is not None:
+                self._p2p_pool.shutdown(wait=False, cancel_futures=True)
+                self._p2p_pool = None
+
+    def do_close(self) -> None:
+        """Release sockets/communicators; pending calls must fail, not hang."""
+
+    def _p2p_executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._p2p_pool is None:
+            self._p2p_pool = concurrent.futures.ThreadPoolExecutor(
+                max(4, 2 * self.size), thread_name_prefix="procgroup-p2p"
+            )
+        return self._p2p_pool
+
+class SubChannel(DataChannel):
+    """Ranks are translated to the parent's. The group's collectives get their own tag
+    space from ``ctx.group_id``, and so do its users' tags, so traffic of different
+    groups never mixes on shared connections and an any-source receive only hears members.
+    """
+
+    def __init__(self, parent: DataChannel, ranks: Sequence[int], ctx: ChannelContext) -> None:
+        self.backend_name = parent.backend_name
+        self.devices = parent.devices
+        super().__init__(ctx)
+        self._parent = parent
+        self._ranks = tuple(ranks)
+        self._index = {r: i for i, r in enumerate(self._ranks)}
+        self._user_tag_base = GROUP_P2P_TAG_BASE + ctx.group_id * MAX_USER_TAG
+
+    def _tag(self, tag: int) -> int:
+        return tag if tag >= MAX_USER_TAG else self._user_tag_base + tag
+
+    def _src(self, src: int | None) -> int | None:
+        return None if src is None else self._ranks[src]
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure or self._parent.failure
+
+    def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
+        self._parent.send(array, self._ranks[dst], self._tag(tag))
+
+    def start_send(self, array: Any, dst: int, tag: int = 0) -> Work:
+        return self._parent.isend(array, self._ranks[dst], self._tag(tag))
+
+    def do_recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
+        return self._index[self._parent.recv(array, self._src(src), self._tag(tag))]
+
+    def start_recv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
+        return MappedWork(self._parent.irecv(array, self._src(src), self._tag(tag)), self._index.__getitem__)
+
+
+
+def implemented_ops(cls: type[DataChannel]) -> set[str]:
+    """The public ops ``cls`` implements itself rather than inheriting the generic default."""
+    mine = set()
+    for op in OPS:
+        for klass in cls.__mro__:
+            if klass is DataChannel:
+                break
+            if f"do_{op}" in klass.__dict__ or f"start_{op}" in klass.__dict__:
+                mine.add(op)
+                break
+    for op, started in (("send", "isend"), ("recv", "irecv")):
+        if op in mine and cls._forms[op][1]:  # a native nonblocking form, not a thread
+            mine.add(started)
+    return mine
+
+
+__all__ = ["DataChannel", "SubChannel", "fresh", "implemented_ops"]

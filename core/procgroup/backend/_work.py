@@ -1,0 +1,172 @@
+"""Work: the handle of a started op, and the ordered thread that runs queued ops.
+
+A backend's ``start_<op>`` returns a Work; a blocking call is that Work's ``wait()``.
+Ops a backend runs on the caller's thread (``do_<op>``) become a :class:`FutureWork`
+on the channel's :class:`OrderedExecutor` when the caller asks for ``async_op=True``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any, Callable
+
+from ..errors import ChannelClosedError, CommTimeoutError
+
+
+class Work:
+    """Handle of an operation started with ``async_op=True`` (or isend/irecv).
+
+    ``wait()`` blocks until the op is done and re-raises its error; with a ``timeout`` it
+    raises :class:`~procgroup.errors.CommTimeoutError` when the op is still running (the
+    op goes on; a later wait may still succeed).
+    """
+
+    op: str = "op"
+
+    def is_completed(self) -> bool:
+        """True once the op finished, successfully or not; never blocks."""
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done; re-raise the op's error. Returns True like torch's Work."""
+        raise NotImplementedError
+
+    def exception(self) -> BaseException | None:
+        """The op's error once it completed, else None."""
+        return None
+
+    def result(self) -> Any:
+        """The op's value after :meth:`wait` (a receive: the sender's rank)."""
+        return None
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def source_rank(self) -> int | None:
+        """For a receive: the rank the message came from; None for ops without a source."""
+        self.wait()
+        value = self.result()
+        return None if value is None else int(value)
+
+
+class CompletedWork(Work):
+    """A Work that is already done (world size 1, empty arrays, an inline send, ...)."""
+
+    __slots__ = ("op", "_value")
+
+    def __init__(self, op: str, value: Any = None) -> None:
+        self.op = op
+        self._value = value
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+    def result(self) -> Any:
+        return self._value
+
+
+class FutureWork(Work):
+    """A Work backed by a ``concurrent.futures.Future`` (ops run on a helper thread)."""
+
+    def __init__(self, op: str, future: concurrent.futures.Future[Any]) -> None:
+        self.op = op
+        self._future = future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        # not future.result(timeout): on 3.11+ its TimeoutError would also catch the op's
+        # own CommTimeoutError (a TimeoutError subclass) and hide its message
+        done, _ = concurrent.futures.wait([self._future], timeout=timeout)
+        if not done:
+            raise CommTimeoutError(f"{self.op} not finished after Work.wait(timeout={timeout})", op=self.op)
+        if self._future.cancelled():
+            raise ChannelClosedError(f"{self.op} was cancelled: the group was destroyed before it ran")
+        self._future.result()
+        return True
+
+    def exception(self) -> BaseException | None:
+        if not self._future.done():
+            return None
+        if self._future.cancelled():
+            return ChannelClosedError(f"{self.op} was cancelled: the group was destroyed before it ran")
+        return self._future.exception()
+
+    def result(self) -> Any:
+        if not self._future.done() or self._future.cancelled():
+            return None
+        return self._future.result()
+
+
+class MappedWork(Work):
+    """Another Work whose result is passed through ``mapping`` (e.g. a rank translation)
+    and whose first successful wait runs ``then`` (e.g. copy a staged result back)."""
+
+    def __init__(self, inner: Work, mapping: Callable[[Any], Any] | None = None,
+                 then: Callable[[], None] | None = None) -> None:
+        self.op = inner.op
+        self._inner = inner
+        self._map = mapping
+        self._then = then
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._inner.wait(timeout)
+        then, self._then = self._then, None
+        if then is not None:
+            then()
+        return True
+
+    def exception(self) -> BaseException | None:
+        return self._inner.exception()
+
+    def result(self) -> Any:
+        value = self._inner.result()
+        return self._map(value) if self._map is not None and value is not None else value
+
+
+class OrderedExecutor:
+    """One worker thread per channel, so queued ops run in the order they were issued.
+
+    Every rank issues collectives in the same order; running them one at a time in that
+    order keeps the ranks matched whatever the transport.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self._name)
+            self._pending += 1
+        fut = self._pool.submit(fn, *args)
+        fut.add_done_callback(self._done)
+        return fut
+
+    def _done(self, _: Any) -> None:
+        with self._lock:
+            self._pending -= 1
+
+    @property
+    def busy(self) -> bool:
+        return self._pending > 0
+
+    def shutdown(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["CompletedWork", "FutureWork", "MappedWork", "OrderedExecutor", "Work"]
