@@ -299,7 +299,7 @@ BAD = [
     ("tcp://h:1", {"rank": -5, "world_size": 1}, {}, InvalidArgumentError,
      "tcp://: rank must be >= 0", "argument"),
     ("tcp://h:1", {"rank": 0, "world_size": 1, "timeout": 0}, {}, InvalidArgumentError,
-     "tcp://: timeout must be a positive number", ""),
+     "tcp://: timeout=0: must be a positive number", ""),
     ("tcp://h:1", {"rank": 0, "world_size": 1, "group_name": 3}, {}, InvalidArgumentError,
      "tcp://: group_name must be a str", ""),
 ]

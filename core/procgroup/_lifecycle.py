@@ -11,7 +11,8 @@ import os
 from typing import Any, Mapping, Sequence
 
 from . import _ops, _state, config
-from .backend import DataChannel, timeout_seconds
+from ._settings import timeout_seconds
+from .backend import DataChannel
 from .errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
 from .groups import Group, GroupMember
 from .plugins import backends, load_channel_class

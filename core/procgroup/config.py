@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .backend import timeout_seconds
+from ._settings import timeout_seconds
 from .errors import InvalidArgumentError
 
 #: Default for every blocking call; PROCGROUP_TIMEOUT (seconds) overrides it.

@@ -26,7 +26,7 @@ from ._context import (
 )
 from ._lowering import Lowered, ReduceTable, flat_view
 from ._netif import ENV_SOCKET_IFNAME, choose_address
-from ._settings import MAX_TIMEOUT_S, env_choice, env_flag, env_timeout, setting, timeout_seconds
+from .._settings import MAX_TIMEOUT_S, env_choice, env_flag, env_timeout, setting, timeout_seconds
 from ._spec import BackendSpec, InitMethodSpec, hookimpl
 from ._wait import poll
 from ._work import CompletedWork, FutureWork, MappedWork, OrderedExecutor, Work

@@ -11,6 +11,7 @@ import time
 import urllib.parse
 from typing import Any, Callable, Mapping, cast
 
+from procgroup._settings import timeout_seconds
 from procgroup.errors import InvalidArgumentError
 
 from ._env import RendezvousEnv
@@ -46,16 +47,7 @@ def _check_int(value: object, name: str, scheme: str, minimum: int) -> int:
 
 
 def _check_timeout(timeout: object, scheme: str) -> float:
-    if hasattr(timeout, "total_seconds"):
-        timeout = timeout.total_seconds()  # type: ignore[union-attr]
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(
-        timeout
-    ) or timeout <= 0:
-        raise InvalidArgumentError(
-            f"{scheme}://: timeout must be a positive number of seconds or a timedelta, "
-            f"got {timeout!r} (argument)"
-        )
-    return float(timeout)
+    return timeout_seconds(timeout, source=f"{scheme}://: timeout")
 
 
 def _query(url: urllib.parse.SplitResult, scheme: str, allowed: tuple[str, ...]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""One parser for the settings backends read: flags, choices and timeouts.
+"""One parser for settings: flags, choices and timeouts (init, rendezvous, backends).
 
 A setting comes from the channel's options first (``ChannelContext.options``), then an
 environment variable, then a default; a bad value is an InvalidArgumentError naming
@@ -12,7 +12,7 @@ import math
 import os
 from typing import Any, Mapping
 
-from ..errors import InvalidArgumentError
+from .errors import InvalidArgumentError
 
 #: Larger timeouts overflow the OS's waits (sockets, condition variables, epoll).
 MAX_TIMEOUT_S = 1e9
@@ -51,7 +51,7 @@ def env_choice(env: str, choices: tuple[str, ...], default: str, *, name: str = 
 
 
 def timeout_seconds(value: Any, *, source: str = "argument timeout") -> float:
-    """A ``datetime.timedelta`` or a number of seconds, positive and finite."""
+    """A ``datetime.timedelta`` or a number of seconds, positive and at most MAX_TIMEOUT_S."""
     if isinstance(value, datetime.timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -60,12 +60,13 @@ def timeout_seconds(value: Any, *, source: str = "argument timeout") -> float:
         try:
             seconds = float(value)
         except ValueError:
-            raise InvalidArgumentError(f"{source}={value!r}: expected a number of seconds") from None
+            seconds = math.nan
     else:
-        raise InvalidArgumentError(f"{source}={value!r}: expected a datetime.timedelta or a number of seconds")
+        seconds = math.nan
     if math.isnan(seconds) or not 0 < seconds <= MAX_TIMEOUT_S:
         raise InvalidArgumentError(
-            f"{source}={value!r}: must be positive and at most {MAX_TIMEOUT_S:.0f} s (about 30 years)"
+            f"{source}={value!r}: must be a positive number of seconds or a datetime.timedelta, "
+            f"at most {MAX_TIMEOUT_S:.0f} s (about 30 years)"
         )
     return seconds
 
