@@ -8,7 +8,7 @@ runs the op on the group's channel: ``channel.run`` when blocking, ``channel.sta
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
@@ -70,7 +70,7 @@ def send(array: Any, dst: int, group: Any = None, tag: int = 0) -> None:
     """Send ``array`` to world rank ``dst``; blocks until the buffer may be reused."""
     g, channel, peer, p = _p2p("send", array, dst, group, tag)
     try:
-        channel.send(p.native, peer, tag)
+        channel.send(p.native, cast(int, peer), tag)
     except ProcGroupError as exc:
         _name_op(exc, "send", g)
         raise
@@ -93,7 +93,7 @@ def recv(array: Any, src: int | None = None, group: Any = None, tag: int = 0) ->
 def isend(array: Any, dst: int, group: Any = None, tag: int = 0) -> Work:
     """Start sending ``array``; don't touch it until the returned Work is waited on."""
     _, channel, peer, p = _p2p("isend", array, dst, group, tag)
-    return channel.isend(p.native, peer, tag)
+    return channel.isend(p.native, cast(int, peer), tag)
 
 
 def irecv(array: Any, src: int | None = None, group: Any = None, tag: int = 0) -> Work:

@@ -126,15 +126,15 @@ class DataChannel(abc.ABC):
         self._failure: BaseException | None = None
         self._state_lock = threading.Lock()
         # the caller-facing p2p calls, bound once: they are on every message's path
-        self.send: Callable[..., None] = self.blocking("send")
-        self.recv: Callable[..., int] = self.blocking("recv")
+        self.send = self.blocking("send")  # type: ignore[method-assign]
+        self.recv = self.blocking("recv")  # type: ignore[method-assign]
 
     # ------------------------------------------------------------ the caller's side
-    def send(self, array: Any, dst: int, tag: int = 0) -> None:  # type: ignore[no-redef]
+    def send(self, array: Any, dst: int, tag: int = 0) -> None:
         """Send ``array`` to channel rank ``dst``; returns when the buffer may be reused."""
         self.run("send", array, dst, tag)
 
-    def recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:  # type: ignore[no-redef]
+    def recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``array`` from ``src`` (any rank when None); returns the sender."""
         return int(self.run("recv", array, src, tag))
 

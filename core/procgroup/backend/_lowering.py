@@ -40,7 +40,7 @@ def _resolve_identity(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: one table per backend, cached plans
 class ReduceTable:
     """A backend's reductions, declared; see the module docstring."""
 
@@ -116,15 +116,6 @@ def _lower(table: ReduceTable, dt: np.dtype, op: ReduceOp) -> Lowered | None:
     if op not in ops:
         return None
     return Lowered(resolve(table.dtypes[name]), resolve(ops[op]), view, divide, factor)
-
-
-def _hash_table(self: ReduceTable) -> int:
-    return id(self)
-
-
-# tables hold dicts (unhashable): they are cached by identity, one table per backend
-ReduceTable.__hash__ = _hash_table  # type: ignore[method-assign]
-ReduceTable.__eq__ = lambda self, other: self is other  # type: ignore[method-assign,assignment]
 
 
 def flat_view(array: Any, view: np.dtype | None) -> Any:

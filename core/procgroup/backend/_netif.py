@@ -98,13 +98,13 @@ def _by_spec(spec: str) -> str:
         excluded = {n.strip() for n in spec[1:].split(",") if n.strip()}
         candidates = [n for n in addrs if n not in excluded and not _excluded_prefix(n, excluded)]
         non_loop = [n for n in candidates if not addrs[n].startswith("127.")]
-        pick = (non_loop or candidates or [None])[0]
-        if pick is None:
+        picks = non_loop or candidates
+        if not picks:
             raise InvalidArgumentError(
                 f"environment variable {ENV_SOCKET_IFNAME}={spec!r} excludes every interface "
                 f"with an IPv4 address (have: {sorted(addrs)})"
             )
-        return addrs[pick]
+        return addrs[picks[0]]
     for name in (n.strip() for n in spec.split(",")):
         if name in addrs:
             return addrs[name]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import math
 import os
 import threading
 import time
