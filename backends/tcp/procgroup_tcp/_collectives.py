@@ -1,7 +1,9 @@
-"""The tcp backend's own collectives, where it beats the generic algorithms.
+"""The tcp backend's own collectives over the sockets, where they beat the generic ones.
 
-Ranks on one host never get here for all_reduce: the channel runs it in shared memory
-(see ``_shm``).
+Built on the channel's public point-to-point calls only (isend/irecv of
+:class:`procgroup.backend.DataChannel`), so this layer sits above the connections and
+the matching and below the channel. Ranks on one host never get here for all_reduce:
+the channel runs it in shared memory (see ``_shm``).
 
 Large all_reduce: the ring of ``procgroup.algorithms.ring`` with every step cut into
 segments. All receives of a step are posted at once, so the reader thread lands
@@ -11,35 +13,24 @@ outgoing chunk at the same time: network, reduction and sending overlap.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import numpy as np
 
 from procgroup.algorithms import ring
+from procgroup.backend import DataChannel
 from procgroup.ops import ReduceOp, finish_average, reduce_into
-
-if TYPE_CHECKING:
-    from .channel import TcpChannel
 
 #: Segment size of the pipelined ring; big enough to amortise a frame, small enough to overlap.
 SEGMENT_BYTES = 1 << 20
-
-
-def all_reduce(ch: "TcpChannel", array: Any, op: ReduceOp, tag: int) -> None:
-    """all_reduce over the sockets (the channel sends same-host ranks to shared memory first)."""
-    if ch.size == 1 or array.size == 0:
-        return
-    if array.nbytes <= ring.SMALL_ALL_REDUCE_BYTES:
-        ring.recursive_doubling_all_reduce(ch, array, op, tag)
-    else:
-        pipelined_ring_all_reduce(ch, array, op, tag)
+#: Below this the generic recursive doubling wins (fewer, latency-bound rounds).
+PIPELINE_MIN_BYTES = ring.SMALL_ALL_REDUCE_BYTES + 1
 
 
 def _segments(arr: np.ndarray, seg_elems: int) -> list[np.ndarray]:
     return [arr[i : i + seg_elems] for i in range(0, arr.size, seg_elems)] if arr.size else [arr]
 
 
-def pipelined_ring_all_reduce(ch: "TcpChannel", array: np.ndarray, op: ReduceOp, tag: int) -> None:
+def pipelined_ring_all_reduce(ch: DataChannel, array: np.ndarray, op: ReduceOp, tag: int) -> None:
+    """Reduce-scatter then all-gather around the ring, each step in SEGMENT_BYTES pieces."""
     n, r = ch.size, ch.rank
     flat = array.reshape(-1)
     bounds = ring.chunk_bounds(flat.size, n)
@@ -65,3 +56,6 @@ def pipelined_ring_all_reduce(ch: "TcpChannel", array: np.ndarray, op: ReduceOp,
         sends = [ch.isend(s, right, tag) for s in _segments(chunks[send_idx], seg)]
         for work in recvs + sends:
             work.wait()
+
+
+__all__ = ["PIPELINE_MIN_BYTES", "SEGMENT_BYTES", "pipelined_ring_all_reduce"]

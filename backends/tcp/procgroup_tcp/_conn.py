@@ -1,25 +1,27 @@
-"""Connections of the tcp backend: the mesh set-up and one Peer per remote rank."""
+"""Connections of the tcp backend: the mesh set-up and one Peer per remote rank.
+
+A Peer owns its socket, a reader thread that parses frames, and an ordered send path
+(a lock for writes on the caller's thread, a one-thread queue for started sends).
+It knows nothing of receives: where a frame's payload lands, and what a lost peer
+means, it asks of the layer above through the :class:`PeerEvents` it is given.
+"""
 
 from __future__ import annotations
 
+import abc
 import concurrent.futures
-import copy
 import logging
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from procgroup.channel import ChannelContext
+from procgroup.backend import ChannelContext, fresh
 from procgroup.errors import CommTimeoutError, PeerError
 
 from . import _wire
 
-if TYPE_CHECKING:
-    from .channel import TcpChannel
-
 log = logging.getLogger(__name__)
-
 
 
 def left_error(global_rank: int) -> PeerError:
@@ -28,12 +30,33 @@ def left_error(global_rank: int) -> PeerError:
                      f"process exited)", rank=global_rank)
 
 
-def fresh(exc: BaseException) -> BaseException:
-    """A new instance of a stored error, so each raise gets its own message and traceback."""
-    clone = copy.copy(exc)
-    clone.__cause__ = exc.__cause__
-    clone.__traceback__ = None
-    return clone
+class Landing(Protocol):
+    """Where a frame's payload goes: a posted receive, or a buffer of the unexpected queue."""
+
+    def admit(self, nbytes: int, dtype_char: bytes, sender: int) -> memoryview:
+        """The buffer to fill with the payload; raise to refuse the frame (size/dtype)."""
+
+    def finish(self, sender: int, error: BaseException | None = None) -> None:
+        """The payload has landed (or was refused with ``error``)."""
+
+    def fail(self, error: BaseException) -> None:
+        """The payload will never land (the peer died, the channel closed)."""
+
+
+class PeerEvents(abc.ABC):
+    """What a Peer's reader reports to the layer above (the channel)."""
+
+    @abc.abstractmethod
+    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> Landing:
+        """Where the payload of a frame from ``src`` lands."""
+
+    @abc.abstractmethod
+    def peer_left(self, peer: "Peer") -> None:
+        """``peer`` said goodbye (a clean close); what it sent before is delivered."""
+
+    @abc.abstractmethod
+    def peer_failed(self, peer: "Peer", exc: PeerError) -> None:
+        """``peer``'s connection broke without a goodbye."""
 
 
 def _send_all(sock: socket.socket, header: bytes, payload: memoryview) -> None:
@@ -52,16 +75,12 @@ def _send_all(sock: socket.socket, header: bytes, payload: memoryview) -> None:
             parts.pop(0)
 
 
-def _tune(sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
 def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
     """Connect to every other rank of the channel; returns rank -> connected socket.
 
-    Every rank listens on port 0 and publishes its address in the Store; rank i connects
-    to ranks below it (their listen backlog completes the handshake before they accept)
-    and then accepts the ranks above it.
+    Every rank listens on port 0 and publishes its address in the Store (no port
+    races); rank i connects to ranks below it (their listen backlog completes the
+    handshake before they accept) and then accepts the ranks above it.
     """
     deadline = time.monotonic() + ctx.timeout
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -88,7 +107,7 @@ def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
                 continue
             conn.settimeout(max(deadline - time.monotonic(), 0.1))
             try:
-                peer = _read_hello(conn, ctx)
+                peer = _wire.unpack_hello(_recv_exact_small(conn, _wire.HELLO_SIZE), ctx.size, ctx.group_id)
             except (OSError, ValueError) as exc:
                 log.warning("tcp: rejected a connection with a bad hello: %s", exc)
                 conn.close()
@@ -100,7 +119,7 @@ def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
             expected.discard(peer)
             socks[peer] = conn
         for sock in socks.values():
-            _tune(sock)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(ctx.timeout)
         return socks
     except BaseException:
@@ -119,7 +138,7 @@ def _connect_to(ctx: ChannelContext, peer: int, deadline: float) -> socket.socke
     while time.monotonic() < deadline:
         try:
             sock = socket.create_connection((host, int(port)), timeout=max(deadline - time.monotonic(), 0.1))
-            sock.sendall(_wire.HELLO.pack(_wire.MAGIC, _wire.VERSION, ctx.rank, ctx.size, ctx.group_id))
+            sock.sendall(_wire.pack_hello(ctx.rank, ctx.size, ctx.group_id))
             return sock
         except OSError as exc:
             last = exc
@@ -127,16 +146,6 @@ def _connect_to(ctx: ChannelContext, peer: int, deadline: float) -> socket.socke
     gr = ctx.global_rank(peer)
     raise CommTimeoutError(f"tcp: could not connect to rank {gr} at {addr} within {ctx.timeout}s: {last}",
                            op="init", ranks=[gr])
-
-
-def _read_hello(conn: socket.socket, ctx: ChannelContext) -> int:
-    buf = _recv_exact_small(conn, _wire.HELLO.size)
-    magic, version, rank, size, group_id = _wire.HELLO.unpack(buf)
-    if magic != _wire.MAGIC or version != _wire.VERSION:
-        raise ValueError(f"not a procgroup tcp peer (magic {magic:#x}, version {version})")
-    if size != ctx.size or group_id != ctx.group_id:
-        raise ValueError(f"peer is from another group (size {size}, group {group_id})")
-    return rank
 
 
 def _recv_exact_small(conn: socket.socket, n: int) -> bytes:
@@ -150,15 +159,19 @@ def _recv_exact_small(conn: socket.socket, n: int) -> bytes:
 
 
 class Peer:
-    """One remote rank: its socket, a reader thread, and an ordered send path."""
+    """One remote rank: its socket, a reader thread, and an ordered send path.
+
+    Frames between one pair never overtake each other: each direction is one TCP
+    stream, and sends are serialised by the send lock, behind any queued sends.
+    """
 
     def __init__(self, rank: int, global_rank: int, sock: socket.socket, timeout: float,
-                 channel: "TcpChannel") -> None:
+                 events: PeerEvents) -> None:
         self.rank = rank
         self.global_rank = global_rank
         self.sock = sock
         self.timeout = timeout
-        self.channel = channel
+        self.events = events
         self.left = False  # sent a goodbye frame
         self._closing = False
         self._send_lock = threading.Lock()
@@ -170,7 +183,7 @@ class Peer:
         self._reader = threading.Thread(target=self._read_loop, name=f"procgroup-tcp-recv-{global_rank}",
                                         daemon=True)
         self._send_error: BaseException | None = None
-        self._current: Any = None  # the receive whose payload the reader is filling
+        self._current: Landing | None = None  # where the reader is landing a payload now
 
     def start_reader(self) -> None:
         self._reader.start()
@@ -181,16 +194,18 @@ class Peer:
         return self._queued > 0
 
     def send(self, view: memoryview, tag: int, dtype_char: bytes) -> None:
-        """Blocking send; goes behind queued isends so frames keep their order."""
+        """Blocking send on the caller's thread; goes behind queued sends, keeping order."""
         if self._queued:
             self.send_async(view, tag, dtype_char).result()
             return
         self._write(view, tag, dtype_char)
 
     def send_async(self, view: memoryview, tag: int, dtype_char: bytes) -> concurrent.futures.Future[None]:
+        """Queue a send on this peer's sender thread (started on first use)."""
         with self._queue_lock:
             if self._sender is None:
-                self._sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"procgroup-tcp-send-{self.global_rank}")
+                self._sender = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix=f"procgroup-tcp-send-{self.global_rank}")
             self._queued += 1
         fut = self._sender.submit(self._write, view, tag, dtype_char)
         fut.add_done_callback(self._dequeue)
@@ -213,21 +228,21 @@ class Peer:
                 err = CommTimeoutError(
                     f"send to rank {self.global_rank} timed out after {self.timeout}s (it is not reading)",
                     op="send", ranks=[self.global_rank])
-                self.channel.peer_failed(self, PeerError(
+                self.events.peer_failed(self, PeerError(
                     f"rank {self.global_rank} stopped reading: a send to it timed out after {self.timeout}s",
                     rank=self.global_rank))
                 raise err from None
             except OSError as exc:
                 err = PeerError(f"rank {self.global_rank} is unreachable: connection lost while sending ({exc})",
                                 rank=self.global_rank)
-                self.channel.peer_failed(self, err)
+                self.events.peer_failed(self, err)
                 raise err from None
 
     def fail_pending_sends(self, exc: BaseException) -> None:
         self._send_error = exc
 
     def fail_current(self, exc: BaseException) -> None:
-        """Fail the receive this peer's reader is filling (the peer died or we close)."""
+        """Fail the payload this peer's reader is landing (the peer died or we close)."""
         target = self._current
         if target is not None:
             target.fail(exc)
@@ -243,41 +258,33 @@ class Peer:
                 kind, dtype_char, tag, seq, nbytes = _wire.unpack_header(header)
                 if kind == _wire.KIND_GOODBYE:
                     self.left = True
-                    self.channel.peer_left(self)
+                    self.events.peer_left(self)
                     return
                 if seq != self._seq_in:
                     raise ValueError(f"frame {seq} arrived where {self._seq_in} was due")
                 self._seq_in += 1
                 self._receive_payload(tag, nbytes, dtype_char)
         except Exception as exc:  # noqa: BLE001 - whatever stops the reader breaks the channel
-            if self._closing or self.channel._closed:
+            if self._closing:
                 self.fail_current(PeerError(f"the connection to rank {self.global_rank} was closed",
                                             rank=self.global_rank))
                 return
             reason = exc if isinstance(exc, PeerError) else PeerError(
                 f"lost the connection to rank {self.global_rank}: {exc}", rank=self.global_rank)
-            self.channel.peer_failed(self, reason)
+            self.events.peer_failed(self, reason)
 
     def _receive_payload(self, tag: int, nbytes: int, dtype_char: bytes) -> None:
-        from .channel import _PostedRecv, check_size
-
-        target = self.channel.match_incoming(self.rank, tag, nbytes, dtype_char)
-        if isinstance(target, _PostedRecv):
-            try:
-                check_size(nbytes, dtype_char, target, self.global_rank)
-            except Exception as exc:  # noqa: BLE001 - reported to the receiver, stream kept in sync
-                self._discard(nbytes)
-                target.finish(self.rank, exc)
-                return
-            self._current = target
-            self._read_into(target.view, at_boundary=False)
-            self._current = None
-            target.finish(self.rank)
-        else:
-            self._current = target
-            self._read_into(memoryview(target.data), at_boundary=False)
-            self._current = None
-            target.done.set()
+        target = self.events.match_incoming(self.rank, tag, nbytes, dtype_char)
+        try:
+            view = target.admit(nbytes, dtype_char, self.global_rank)
+        except Exception as exc:  # noqa: BLE001 - reported to the receiver, stream kept in sync
+            self._discard(nbytes)
+            target.finish(self.rank, exc)
+            return
+        self._current = target
+        self._read_into(view, at_boundary=False)
+        self._current = None
+        target.finish(self.rank)
 
     def _discard(self, nbytes: int) -> None:
         scratch = memoryview(bytearray(min(nbytes, 1 << 20)))
@@ -316,6 +323,7 @@ class Peer:
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
+        """Say goodbye (unless the peer is gone) and close the socket."""
         self._closing = True
         if not self.left and self._send_error is None:
             # a sender stuck on a dead peer must not hold up teardown for long
@@ -334,3 +342,6 @@ class Peer:
         self.sock.close()
         if self._sender is not None:
             self._sender.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["Landing", "Peer", "PeerEvents", "connect_mesh", "left_error"]

@@ -1,4 +1,4 @@
-"""Shared-memory all_reduce for the tcp backend when every rank runs on one host.
+"""Shared-memory collectives for the tcp backend when every rank runs on one host.
 
 One file in /dev/shm, mapped by every rank and unlinked as soon as all have mapped it
 (nothing is left behind if a rank dies). Layout: a flag line per rank (64 bytes, so
@@ -7,11 +7,11 @@ messages up to ``SMALL_BYTES``), and one large slot per rank for big arrays, whi
 processed in pieces of the slot's size.
 
 Synchronisation is by monotonic counters in the flag lines: a rank writes its data,
-then bumps its counter; the others spin, then yield, then sleep briefly until every
+then bumps its counter; the others wait (:func:`procgroup.backend.poll`) until every
 counter has reached the target. x86-64 keeps stores in program order (TSO), which is
 what makes "data, then counter" safe; other architectures use the socket path. While
-waiting, a peer's death (seen by the tcp reader threads) or the channel timeout ends
-the wait with the same errors as the socket path.
+waiting, a peer's death (seen by the tcp reader threads, asked through ``check`` and
+``has_left``) or the channel timeout ends the wait with the socket path's errors.
 """
 
 from __future__ import annotations
@@ -23,24 +23,22 @@ import os
 import platform
 import socket
 import sys
-import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 
 from procgroup.algorithms.ring import chunk_bounds
-from procgroup.config import ENV_SHM
-from procgroup.errors import CommTimeoutError, InvalidArrayError
+from procgroup.backend import ChannelContext, env_flag, poll
+from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
 from procgroup.ops import ReduceOp, finish_average, reduce_into
 
 from ._conn import left_error
 
-if TYPE_CHECKING:
-    from .channel import TcpChannel
-
-
 log = logging.getLogger(__name__)
+
+#: PROCGROUP_TCP_SHM=0 turns the arena off (channel option ``shm`` overrides it).
+ENV_SHM = "PROCGROUP_TCP_SHM"
 
 SMALL_BYTES = 64 * 1024
 LARGE_SLOT_BYTES = 16 * 1024 * 1024
@@ -66,15 +64,23 @@ def host_identity() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def shm_possible() -> bool:
+def shm_possible(options: Mapping[str, Any] | None = None) -> bool:
     """This process allows the shared-memory path and can run it safely.
 
     On by default on x86-64 Linux (store order is what the counters rely on, and
-    /dev/shm is where the arena lives); PROCGROUP_TCP_SHM=0 turns it off.
+    /dev/shm is where the arena lives); PROCGROUP_TCP_SHM=0 or the channel option
+    ``shm=False`` (a side channel whose collectives never run here) turns it off.
     """
-    setting = os.environ.get(ENV_SHM, "1").strip().lower()
-    return (setting not in ("0", "false", "no", "off") and sys.platform.startswith("linux")
+    return (env_flag(ENV_SHM, True, name="shm", options=options) and sys.platform.startswith("linux")
             and platform.machine() in ("x86_64", "AMD64") and os.path.isdir("/dev/shm"))
+
+
+def all_on_one_host(ctx: ChannelContext) -> bool:
+    """Collective: every rank shares this host and can use shared memory."""
+    me = f"{host_identity()}|{'shm' if shm_possible(ctx.options) else 'no-shm'}"
+    ctx.store.set(f"tcp/host/{ctx.rank}", me)
+    ids = {ctx.store.get(f"tcp/host/{r}", timeout=ctx.timeout).decode() for r in range(ctx.size)}
+    return len(ids) == 1 and me.endswith("|shm")
 
 
 def _guarded(op: str) -> Callable[[F], F]:
@@ -92,20 +98,31 @@ def _guarded(op: str) -> Callable[[F], F]:
             except InvalidArrayError:
                 raise  # found by every rank at the same step: the counters still agree
             except BaseException as exc:
-                self.channel.shm_failed(exc)
+                self._broken(PeerError(
+                    f"a shared-memory collective was interrupted ({type(exc).__name__}: {exc}); "
+                    f"this group cannot be used any more"))
                 raise
         return run  # type: ignore[return-value]
     return wrap
 
 
 class SharedMemoryArena:
-    """The mapped region and the collectives that run on it."""
+    """The mapped region and the collectives that run on it.
 
-    def __init__(self, channel: "TcpChannel", mm: mmap.mmap) -> None:
-        self.channel = channel
-        n = channel.size
-        self.rank = channel.rank
+    ``check()`` raises when the channel is closed or broken, ``has_left(rank)`` tells a
+    peer that said goodbye, ``broken(exc)`` breaks the channel after an interrupted op.
+    """
+
+    def __init__(self, ctx: ChannelContext, mm: mmap.mmap, check: Callable[[], None],
+                 has_left: Callable[[int], bool], broken: Callable[[BaseException], Any]) -> None:
+        self.ctx = ctx
+        n = ctx.size
+        self.rank = ctx.rank
         self.size = n
+        self.timeout = ctx.timeout
+        self._check = check
+        self._has_left = has_left
+        self._broken = broken
         self._mm = mm
         flags_bytes = n * _FLAG_STRIDE * 8
         small_bytes = 2 * n * SMALL_BYTES
@@ -118,26 +135,29 @@ class SharedMemoryArena:
         self._seq = 0
         self._barrier = 0
         self._op = ""
-        self._oversubscribed = n > (os.cpu_count() or 1)
+        # more ranks than cores: spinning only delays the rank we wait for
+        self._spin = 0.0 if n > (os.cpu_count() or 1) else 200e-6
         self._small_views: dict[tuple[int, int, np.dtype], list[np.ndarray]] = {}
+        self._waiting = (0, 0)  # (column, target) of the wait in progress
+        self._test = self._reached_waiting
 
     @staticmethod
     def region_bytes(n: int) -> int:
         return n * _FLAG_STRIDE * 8 + 2 * n * SMALL_BYTES + n * LARGE_SLOT_BYTES
 
     @classmethod
-    def open(cls, channel: "TcpChannel") -> "SharedMemoryArena | None":
+    def open(cls, ctx: ChannelContext, check: Callable[[], None], has_left: Callable[[int], bool],
+             broken: Callable[[BaseException], Any]) -> "SharedMemoryArena | None":
         """Collective: rank 0 creates the file, all map it, it is unlinked; None on failure.
 
-        Every rank reports whether it mapped the region, so either all use the arena or
+        Every rank reports whether it could map the region, so all use the arena or
         all fall back to the sockets (a /dev/shm too small for it, say). The space is
         allocated up front, so a full /dev/shm fails here and not with SIGBUS later.
         """
-        ctx = channel.ctx
-        nbytes = cls.region_bytes(channel.size)
+        nbytes = cls.region_bytes(ctx.size)
         path, mm, problem = "", None, ""
         try:
-            if channel.rank == 0:
+            if ctx.rank == 0:
                 path = f"/dev/shm/procgroup-{os.getpid()}-{uuid.uuid4().hex[:12]}"
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
                 try:
@@ -159,13 +179,13 @@ class SharedMemoryArena:
                 os.close(fd)
         except OSError as exc:
             problem = str(exc) or type(exc).__name__
-            if channel.rank == 0 and not path:
+            if ctx.rank == 0 and not path:
                 ctx.store.set("tcp/shm/path", "")
         try:
-            ctx.store.set(f"tcp/shm/ok/{channel.rank}", problem)
-            reports = [ctx.store.get(f"tcp/shm/ok/{r}", timeout=ctx.timeout).decode() for r in range(channel.size)]
+            ctx.store.set(f"tcp/shm/ok/{ctx.rank}", problem)
+            reports = [ctx.store.get(f"tcp/shm/ok/{r}", timeout=ctx.timeout).decode() for r in range(ctx.size)]
         finally:
-            if channel.rank == 0 and path:
+            if ctx.rank == 0 and path:
                 os.unlink(path)  # everyone has reported: all who could map it have
         failed = {r: why for r, why in enumerate(reports) if why}
         if failed:
@@ -174,7 +194,7 @@ class SharedMemoryArena:
             if mm is not None:
                 mm.close()
             return None
-        return cls(channel, mm) if mm is not None else None
+        return cls(ctx, mm, check, has_left, broken) if mm is not None else None
 
     def close(self) -> None:
         # numpy views keep the buffer exported; dropping them lets the map close
@@ -200,32 +220,24 @@ class SharedMemoryArena:
         differ = [k for k in range(self.size)
                   if fl[k * _FLAG_STRIDE + word] != size or fl[k * _FLAG_STRIDE + word + 1] != kind]
         if differ:
-            who = ", ".join(str(self.channel.ctx.global_rank(k)) for k in differ)
+            who = ", ".join(str(self.ctx.global_rank(k)) for k in differ)
             raise InvalidArrayError(
                 f"ranks disagree on this {self._op}: rank(s) {who} passed a different array size, "
-                f"dtype, op or root than rank {self.channel.ctx.global_rank(self.rank)} "
+                f"dtype, op or root than rank {self.ctx.global_rank(self.rank)} "
                 f"({size} bytes); every rank must pass the same")
 
     # ------------------------------------------------------------------ waiting
     def _wait_all(self, column: int, target: int) -> None:
-        """Spin, then yield, then nap until every rank's counter reaches ``target``.
+        """Return once every rank's counter in ``column`` reaches ``target``.
 
-        Every few hundred rounds: a peer that died or left, or the timeout, ends the wait.
+        The first test is inline (most waits end there); then procgroup.backend.poll,
+        whose checks see a peer that died or left, and whose deadline is the timeout.
+        The poll's callbacks are bound once, in __init__: this is every op's fast path.
         """
         if self._reached(column, target):
             return
-        deadline = time.monotonic() + self.channel.timeout
-        spins = 0
-        while not self._reached(column, target):
-            spins += 1
-            if spins <= 1000 and not self._oversubscribed:
-                continue
-            if spins < 3000:
-                os.sched_yield()
-            else:
-                time.sleep(0.00005)
-            if spins % 256 == 0:
-                self._check_peers(column, target, deadline)
+        self._waiting = (column, target)
+        poll(self._test, self.timeout, spin=self._spin, check=self._check_peers, on_timeout=self._timed_out)
 
     def _reached(self, column: int, target: int) -> bool:
         """Every rank's counter in ``column`` is at least ``target``."""
@@ -235,17 +247,23 @@ class SharedMemoryArena:
                 return False
         return True
 
-    def _check_peers(self, column: int, target: int, deadline: float) -> None:
-        self.channel._raise_if_unusable()
-        late = [k for k in range(self.size) if self._fl[k * _FLAG_STRIDE + column] < target]
-        names = [self.channel.ctx.global_rank(k) for k in late]
-        for k in late:
-            if self.channel.peer_has_left(k):
-                raise left_error(self.channel.ctx.global_rank(k))
-        if time.monotonic() > deadline:
-            who = f"rank {names[0]}" if len(names) == 1 else f"ranks {names}"
-            raise CommTimeoutError(f"timed out after {self.channel.timeout}s waiting for {who}",
-                                   op=self._op, ranks=names)
+    def _reached_waiting(self) -> bool:
+        return self._reached(*self._waiting)
+
+    def _late(self) -> list[int]:
+        column, target = self._waiting
+        return [k for k in range(self.size) if self._fl[k * _FLAG_STRIDE + column] < target]
+
+    def _check_peers(self) -> None:
+        self._check()
+        for k in self._late():
+            if self._has_left(k):
+                raise left_error(self.ctx.global_rank(k))
+
+    def _timed_out(self) -> BaseException:
+        names = [self.ctx.global_rank(k) for k in self._late()]
+        who = f"rank {names[0]}" if len(names) == 1 else f"ranks {names}"
+        return CommTimeoutError(f"timed out after {self.timeout}s waiting for {who}", op=self._op, ranks=names)
 
     def _barrier_all(self) -> None:
         self._barrier += 1
@@ -444,3 +462,6 @@ class SharedMemoryArena:
             for k in range(n):
                 if k != r:
                     outs[k][lo:hi] = self._slot(k, dtype, count, offset=r * count)
+
+
+__all__ = ["ENV_SHM", "SharedMemoryArena", "all_on_one_host", "host_identity", "shm_possible"]

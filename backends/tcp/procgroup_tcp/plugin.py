@@ -1,11 +1,15 @@
-"""Entry point of the tcp backend: registers it with procgroup's plugin manager."""
+"""Entry point of the tcp backend: registers it with procgroup's plugin manager.
+
+``side_channel=100``: the registry picks tcp as the host side channel of backends
+that need one (gloo's point-to-point, nccl's object collectives).
+"""
 
 from __future__ import annotations
 
-from procgroup.hookspecs import BackendSpec, hookimpl
+from procgroup.backend import BackendSpec, DataChannel, hookimpl
 
 
-def _load() -> type:
+def _load() -> type[DataChannel]:
     from .channel import TcpChannel
 
     return TcpChannel
@@ -19,5 +23,9 @@ def procgroup_backends() -> list[BackendSpec]:
             loader=_load,
             devices=("cpu",),
             description="TCP sockets, one connection per peer pair; no extra dependencies",
+            side_channel=100,
         )
     ]
+
+
+__all__ = ["procgroup_backends"]

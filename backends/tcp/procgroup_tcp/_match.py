@@ -1,0 +1,209 @@
+"""Matching frames to receives: the posted receives and the unexpected queue.
+
+A reader thread asks :meth:`Matcher.match_incoming` where a frame lands: the first
+posted receive with its tag and source (or any source), else a new buffer on the
+unexpected queue, which a later receive takes before it would post. A receive is a
+:class:`PostedRecv`, itself the Work the caller waits on (one object per message).
+Sizes and dtypes must match exactly; a mismatch fails that receive only.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from procgroup.backend import CompletedWork, Work, fresh
+from procgroup.errors import CommTimeoutError, InvalidArrayError
+
+from ._wire import dtype_code, dtype_of
+
+
+def check_size(nbytes: int, dtype_char: bytes, view: memoryview, dtype: np.dtype, sender: int) -> None:
+    """Refuse a frame whose size or dtype differs from the receive buffer, naming both."""
+    if nbytes == view.nbytes and (dtype_char == dtype_code(dtype) or dtype_of(dtype_char) == dtype):
+        return
+    raise InvalidArrayError(
+        f"message from rank {sender} has {nbytes} bytes of dtype {dtype_of(dtype_char)} but the receive "
+        f"buffer has {view.nbytes} bytes of dtype {dtype}; size and dtype must match"
+    )
+
+
+class PostedRecv(Work):
+    """A receive waiting for its frame, filled by a reader thread; the caller's Work.
+
+    ``wait(timeout)`` with a timeout only bounds that wait: the receive stays posted and
+    a later wait can still get it. Running out the channel's own timeout cancels the
+    receive for good. A receive whose payload is already streaming in is not
+    cancelled; its reader finishes it, or fails it if the peer dies.
+    """
+
+    op = "irecv"
+    __slots__ = ("_matcher", "view", "src", "tag", "dtype", "done", "sender", "error")
+
+    def __init__(self, matcher: "Matcher", view: memoryview, src: int | None, tag: int, dtype: np.dtype) -> None:
+        self._matcher = matcher
+        self.view = view
+        self.src = src
+        self.tag = tag
+        self.dtype = dtype
+        self.done = threading.Event()
+        self.sender = -1
+        self.error: BaseException | None = None
+
+    # ------------------------------------------------------------ the reader's side
+    def admit(self, nbytes: int, dtype_char: bytes, sender: int) -> memoryview:
+        check_size(nbytes, dtype_char, self.view, self.dtype, sender)
+        return self.view
+
+    def finish(self, sender: int, error: BaseException | None = None) -> None:
+        self.sender = sender
+        self.error = error
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done.is_set():
+            self.finish(-1, error)
+
+    # ------------------------------------------------------------ the caller's side
+    def is_completed(self) -> bool:
+        return self.done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        m = self._matcher
+        limit = m.timeout if timeout is None else timeout
+        if self.done.wait(limit):
+            if self.error is not None:
+                raise fresh(self.error)
+            return True
+        who = "any rank" if self.src is None else f"rank {m.global_rank(self.src)}"
+        ranks = [] if self.src is None else [m.global_rank(self.src)]
+        exc = CommTimeoutError(f"recv from {who} (tag {self.tag}) timed out after {limit}s", op="recv", ranks=ranks)
+        if timeout is not None:
+            raise exc
+        if m.cancel(self):
+            self.finish(-1, exc)
+            raise exc
+        # matched: the reader is filling the buffer and bounds a stalled peer itself
+        if not self.done.wait(m.timeout):
+            raise exc
+        if self.error is not None:
+            raise fresh(self.error)
+        return True
+
+    def exception(self) -> BaseException | None:
+        return self.error if self.done.is_set() else None
+
+    def result(self) -> Any:
+        return self.sender if self.done.is_set() and self.error is None else None
+
+
+class Unexpected:
+    """A frame that arrived before its receive was posted; its payload is kept here."""
+
+    __slots__ = ("src", "tag", "data", "dtype_char", "done", "error")
+
+    def __init__(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> None:
+        self.src = src
+        self.tag = tag
+        self.data = np.empty(nbytes, dtype=np.uint8)  # not zero-filled: it is overwritten
+        self.dtype_char = dtype_char
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def admit(self, nbytes: int, dtype_char: bytes, sender: int) -> memoryview:
+        return memoryview(self.data)
+
+    def finish(self, sender: int, error: BaseException | None = None) -> None:
+        self.error = error
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done.is_set():
+            self.finish(self.src, error)
+
+
+class Matcher:
+    """The posted receives and the unexpected queue of one channel, under one lock.
+
+    ``check(src)`` is the channel's say on a new receive: it raises when the channel
+    is broken or closed, or ``src`` has left; it runs under the lock, so a failure
+    reported at the same time either sees the receive or refuses it.
+    """
+
+    def __init__(self, timeout: float, global_rank: Callable[[int], int],
+                 check: Callable[[int | None], None]) -> None:
+        self.timeout = timeout
+        self.global_rank = global_rank
+        self._check = check
+        self._lock = threading.Lock()
+        self._posted: list[PostedRecv] = []
+        self._unexpected: list[Unexpected] = []
+
+    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> PostedRecv | Unexpected:
+        """The posted receive a frame belongs to, or a new entry on the unexpected queue."""
+        with self._lock:
+            for i, req in enumerate(self._posted):
+                if req.tag == tag and (req.src is None or req.src == src):
+                    del self._posted[i]
+                    return req
+            ux = Unexpected(src, tag, nbytes, dtype_char)
+            self._unexpected.append(ux)
+            return ux
+
+    def post(self, view: memoryview, src: int | None, tag: int, dtype: np.dtype) -> Work:
+        """A receive: served from the unexpected queue when its frame came first."""
+        with self._lock:
+            for i, ux in enumerate(self._unexpected):
+                if ux.tag == tag and (src is None or ux.src == src):
+                    del self._unexpected[i]
+                    break
+            else:
+                # what a departed peer sent before its goodbye is still delivered above
+                self._check(src)
+                req = PostedRecv(self, view, src, tag, dtype)
+                self._posted.append(req)
+                return req
+        self._deliver(ux, view, dtype)
+        return CompletedWork("irecv", ux.src)
+
+    def _deliver(self, ux: Unexpected, view: memoryview, dtype: np.dtype) -> None:
+        if not ux.done.wait(self.timeout):
+            raise CommTimeoutError(
+                f"message from rank {self.global_rank(ux.src)} did not finish arriving within {self.timeout}s",
+                op="recv", ranks=[self.global_rank(ux.src)],
+            )
+        if ux.error is not None:
+            raise fresh(ux.error)
+        check_size(ux.data.nbytes, ux.dtype_char, view, dtype, self.global_rank(ux.src))
+        view[:] = memoryview(ux.data)
+
+    def cancel(self, req: PostedRecv) -> bool:
+        """Withdraw a receive no frame has matched yet; False when one has."""
+        with self._lock:
+            if req in self._posted:
+                self._posted.remove(req)
+                return True
+            return False
+
+    def fail_from(self, src: int, exc: BaseException) -> None:
+        """Fail the receives that wait on ``src`` alone (it said goodbye)."""
+        with self._lock:
+            waiting = [r for r in self._posted if r.src == src]
+            self._posted = [r for r in self._posted if r.src != src]
+        for req in waiting:
+            req.finish(src, exc)
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Fail every posted receive and every payload still arriving."""
+        with self._lock:
+            posted, self._posted = self._posted, []
+            pending = [u for u in self._unexpected if not u.done.is_set()]
+        for req in posted:
+            req.fail(exc)
+        for ux in pending:
+            ux.fail(exc)
+
+
+__all__ = ["Matcher", "PostedRecv", "Unexpected", "check_size"]
