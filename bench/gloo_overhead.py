@@ -47,7 +47,7 @@ def main(argv: list[str]) -> None:
     import pygloo
 
     pg.init_process_group("gloo")
-    channel = pg._api._resolve(None).channel
+    channel = pg.group_channel()
     context = channel._context  # the channel's own gloo context: same transport for both
     f32 = pygloo.glooDataType_t.glooFloat32
     algorithm = channel._algorithm  # the one procgroup uses ($PROCGROUP_GLOO_ALGORITHM)

@@ -81,12 +81,16 @@ def test_listed_with_cuda_device_and_distribution() -> None:
     assert spec.devices == ("cuda",)
     assert spec.distribution == "procgroup-nccl"
     assert "NCCL" in spec.description
+    import procgroup_nccl
+
+    for name in ("all_reduce_multigpu", "broadcast_multigpu", "reduce_multigpu", "all_gather_multigpu"):
+        assert getattr(pg, name) is getattr(procgroup_nccl, name)  # published through BackendSpec.api
 
 
 @needs_no_gpu
 def test_unavailable_reason_names_cuda() -> None:
     assert REASON is not None and ("no CUDA device" in REASON or "cupy not installed" in REASON), REASON
-    assert backends()["nccl"].available() == REASON
+    assert backends()["nccl"].unavailable() == REASON
 
 
 def test_hidden_devices_give_no_cuda_device_reason() -> None:
@@ -134,7 +138,9 @@ def _inputs(dtype: str, ranks: int = 3, count: int = 17) -> list[np.ndarray]:
 @pytest.mark.parametrize("dtype", _DTYPES)
 def test_reduce_plan_matches_core_semantics(dtype: str) -> None:
     """Emulate the planned NCCL op with NumPy on the planned type; compare with the core."""
-    from procgroup_nccl._types import reduce_plan
+    from procgroup_nccl._types import reduce_plan, reduce_table
+
+    names = reduce_table(names=True)  # NCCL names, not cupy.cuda.nccl constants
 
     for op in ReduceOp:
         try:
@@ -142,7 +148,7 @@ def test_reduce_plan_matches_core_semantics(dtype: str) -> None:
         except errors.UnsupportedOperationError:
             continue  # the core refuses it before any backend sees it
         try:
-            plan = reduce_plan(dtype, op)
+            plan = reduce_plan(dtype, op, table=names)
         except errors.UnsupportedOperationError as exc:
             msg = str(exc)
             assert "'nccl'" in msg and op.name in msg and dtype in msg and "cuda" in msg, msg
@@ -151,12 +157,12 @@ def test_reduce_plan_matches_core_semantics(dtype: str) -> None:
         want = inputs[0].copy()
         for other in inputs[1:]:
             reduce_into(op, want, other)
-        nccl_np = _NP_OF_NCCL[plan.nccl_type]
+        nccl_np = _NP_OF_NCCL[plan.dtype]
         views = [a.view(nccl_np) for a in inputs]
-        assert views[0].size == plan.count(inputs[0].size)
+        assert views[0].size == inputs[0].size * plan.factor
         acc = views[0].copy()
         for v in views[1:]:
-            acc = _EMULATE[plan.nccl_op](acc, v).astype(nccl_np)
+            acc = _EMULATE[plan.op](acc, v).astype(nccl_np)
         got = acc.view(inputs[0].dtype)
         if op is ReduceOp.AVG:
             got = got / len(inputs)
@@ -165,7 +171,7 @@ def test_reduce_plan_matches_core_semantics(dtype: str) -> None:
 
 
 def test_reduce_plan_refusals_and_fallback() -> None:
-    from procgroup_nccl._types import NCCL_AVG_MIN_VERSION, reduce_plan
+    from procgroup_nccl._types import NCCL_AVG_MIN_VERSION, reduce_plan, reduce_table
 
     with pytest.raises(errors.UnsupportedOperationError, match="bitwise"):
         reduce_plan("int32", ReduceOp.BAND)
@@ -177,10 +183,10 @@ def test_reduce_plan_refusals_and_fallback() -> None:
         reduce_plan("complex64", ReduceOp.PRODUCT)
     with pytest.raises(errors.UnsupportedOperationError, match="ReduceOp"):
         reduce_plan("float32", "sum")  # type: ignore[arg-type]
-    old = reduce_plan("float32", ReduceOp.AVG, nccl_version=NCCL_AVG_MIN_VERSION - 1)
-    assert (old.nccl_op, old.divide) == ("SUM", True)
-    new = reduce_plan("complex128", ReduceOp.AVG, nccl_version=NCCL_AVG_MIN_VERSION)
-    assert (new.nccl_op, new.divide, new.factor) == ("AVG", False, 2)
+    old = reduce_plan("float32", ReduceOp.AVG, table=reduce_table(NCCL_AVG_MIN_VERSION - 1, names=True))
+    assert (old.op, old.divide) == ("SUM", True)
+    new = reduce_plan("complex128", ReduceOp.AVG, table=reduce_table(NCCL_AVG_MIN_VERSION, names=True))
+    assert (new.op, new.divide, new.factor) == ("AVG", False, 2)
 
 
 @needs_nccl_lib
@@ -188,12 +194,14 @@ def test_table_names_resolve_in_cupy_nccl() -> None:
     from procgroup_nccl import _types
 
     nccl = _nccl_module()
-    names = {*_types.NCCL_DTYPES.values(), *_types.COMPLEX_PAIRS.values(), *_types.NCCL_OPS.values(),
+    names = {*_types.NCCL_DTYPES.values(), *_types.NCCL_OPS.values(),
              *_types.BOOL_OPS.values(), _types.BYTE_TYPE} - {"BFLOAT16"}
     for name in sorted(names):
         assert _types.resolve(name) == getattr(nccl, f"NCCL_{name}")
     with pytest.raises(errors.UnsupportedOperationError, match="NCCL_NOPE"):
         _types.resolve("NOPE")
+    plan = _types.reduce_plan("complex64", ReduceOp.SUM)  # the table resolves lazily, in cupy
+    assert (plan.dtype, plan.op, plan.factor) == (nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 2)
 
 
 # ------------------------------------------------------------------ unique id / check-in
@@ -271,6 +279,62 @@ def test_blocking_wait_setting() -> None:
             os.environ.pop("PROCGROUP_NCCL_BLOCKING_WAIT", None)
         else:
             os.environ["PROCGROUP_NCCL_BLOCKING_WAIT"] = old
+
+
+class _FakeInflight:
+    """An Inflight without CUDA: done() when ``finish_at`` has passed; records hand-overs."""
+
+    def __init__(self, op: str, deadline_in: float, finish_in: float | None) -> None:
+        import time
+
+        from procgroup_nccl._work import Inflight
+
+        now = time.monotonic()
+        self.inner = Inflight(op, [], (), now + deadline_in, result=1)
+        self.finish_at = None if finish_in is None else now + finish_in
+        self.handed = 0
+        self.inner.done = self.done  # type: ignore[method-assign]
+        self.inner.hand_to_caller = self.hand  # type: ignore[method-assign]
+
+    def done(self) -> bool:
+        import time
+
+        return self.inner.error is not None or (self.finish_at is not None and time.monotonic() >= self.finish_at)
+
+    def hand(self) -> None:
+        self.handed += 1
+
+
+def test_work_wait_is_the_blocking_call() -> None:
+    """NcclWork.wait(): stream hand-over only; host wait for barrier / blocking mode, up to
+    the deadline, then abort; an explicit timeout is a soft error; watchdog errors re-raise."""
+    pytest.importorskip("cupy")
+    from procgroup_nccl._work import NcclWork
+
+    aborted: list[BaseException] = []
+
+    def work(finish_in: float | None, deadline_in: float = 5.0, **kw: Any) -> tuple[Any, _FakeInflight]:
+        fake = _FakeInflight("all_reduce", deadline_in, finish_in)
+        return NcclWork(fake.inner, aborted.append, 5.0, **kw), fake
+
+    w, fake = work(None)  # the default: never blocks the host, even if the GPU never finishes
+    assert w.wait() is True and fake.handed == 1 and w.result() == 1 and not aborted
+    w, fake = work(0.05, host_sync=True)  # barrier: the host waits until done
+    assert w.wait() and w.is_completed() and not aborted
+    w, fake = work(0.05, blocking=True)  # blocking-wait mode: the same
+    assert w.wait() and w.is_completed() and not aborted
+    w, fake = work(None, deadline_in=0.1, host_sync=True)  # past the deadline: abort and raise
+    with pytest.raises(errors.CommTimeoutError, match="aborted"):
+        w.wait()
+    assert len(aborted) == 1 and isinstance(aborted[0], errors.CommTimeoutError)
+    w, fake = work(None, deadline_in=60.0)  # an explicit timeout: soft, the op goes on
+    with pytest.raises(errors.CommTimeoutError, match=r"Work.wait\(timeout=0.05\)"):
+        w.wait(timeout=0.05)
+    assert len(aborted) == 1
+    fake.inner.error = errors.PeerError("watchdog says no")
+    with pytest.raises(errors.PeerError, match="watchdog"):
+        w.wait()
+    assert w.exception() is fake.inner.error
 
 
 def test_register_stream_validates_and_returns_previous() -> None:

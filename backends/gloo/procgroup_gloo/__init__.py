@@ -1,1 +1,1 @@
-"""procgroup over gloo (pygloo): gloo collectives, point-to-point on a TCP side channel."""
+"""procgroup over gloo (pygloo): gloo collectives, point-to-point on a host side channel (tcp)."""

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
+from procgroup.backend import env_choice
 from procgroup.errors import InvalidArgumentError
 
 #: all_reduce algorithm: "ring" (default) or "bcube".
@@ -18,36 +18,36 @@ ENV_ARRIVAL_CHECK = "PROCGROUP_GLOO_ARRIVAL_CHECK"
 #: conversion for std::chrono), so any gloo call that waits longer than this fails.
 GLOO_TIMEOUT = 30.0
 
+_ALGORITHMS = ("ring", "bcube")
+#: The spellings of arrival_check: auto, always, never, then their aliases.
+_ALWAYS = ("always", "1", "true", "yes")
+_NEVER = ("never", "0", "false", "no")
+_ARRIVAL = ("auto", "always", "never", *_ALWAYS[1:], *_NEVER[1:])
 
-def _setting(options: Mapping[str, Any], key: str, env: str, default: str) -> tuple[str, str]:
-    if key in options and options[key] is not None:
-        return str(options[key]).strip().lower(), f"option {key!r}"
-    if os.environ.get(env):
-        return os.environ[env].strip().lower(), f"environment variable {env}"
-    return default, "default"
+
+def _choice(options: Mapping[str, Any], name: str, env: str, choices: tuple[str, ...], default: str,
+            what: str) -> str:
+    try:
+        return env_choice(env, choices, default, name=name, options=options)
+    except InvalidArgumentError as exc:  # say which backend and which knob
+        raise InvalidArgumentError(f"gloo {what}: {exc}") from None
 
 
 def allreduce_algorithm(options: Mapping[str, Any]) -> Any:
     """pygloo's allreduceAlgorithm chosen by option ``algorithm`` or $PROCGROUP_GLOO_ALGORITHM."""
     import pygloo
 
-    value, source = _setting(options, "algorithm", ENV_ALGORITHM, "ring")
-    table = {"ring": pygloo.allreduceAlgorithm.RING, "bcube": pygloo.allreduceAlgorithm.BCUBE}
-    if value not in table:
-        raise InvalidArgumentError(f"gloo: {source}={value!r} is not an all_reduce algorithm; choose ring or bcube")
-    return table[value]
+    value = _choice(options, "algorithm", ENV_ALGORITHM, _ALGORITHMS, "ring", "all_reduce algorithm")
+    return pygloo.allreduceAlgorithm.RING if value == "ring" else pygloo.allreduceAlgorithm.BCUBE
 
 
 def arrival_check(options: Mapping[str, Any], timeout: float) -> bool:
     """Whether collectives first confirm every rank arrived (costs one message round)."""
-    value, source = _setting(options, "arrival_check", ENV_ARRIVAL_CHECK, "auto")
+    value = _choice(options, "arrival_check", ENV_ARRIVAL_CHECK, _ARRIVAL, "auto",
+                    "arrival check")
     if value == "auto":
         return timeout < GLOO_TIMEOUT
-    if value in ("always", "1", "true", "yes"):
-        return True
-    if value in ("never", "0", "false", "no"):
-        return False
-    raise InvalidArgumentError(f"gloo: {source}={value!r}; choose auto, always or never")
+    return value in _ALWAYS
 
 
 __all__ = ["ENV_ALGORITHM", "ENV_ARRIVAL_CHECK", "GLOO_TIMEOUT", "allreduce_algorithm", "arrival_check"]

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from procgroup.channel import ChannelContext, DataChannel
+from procgroup.backend import ChannelContext, DataChannel
 from procgroup.errors import CommTimeoutError, ProcGroupError, RendezvousError
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def connect_context(ctx: ChannelContext, p2p: DataChannel, device: Any, tag: int
 
 
 def create_device(address: str) -> Any:
-    """A gloo tcp device bound to ``address`` (see procgroup._netif.choose_address)."""
+    """A gloo tcp device bound to ``address`` (see procgroup.backend.host_address)."""
     import pygloo
 
     if not pygloo.transport_tcp_available():

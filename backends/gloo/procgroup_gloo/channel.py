@@ -1,14 +1,15 @@
-"""GlooChannel: collectives through pygloo on the caller's memory, p2p on a TCP side channel.
+"""GlooChannel: collectives through pygloo on the caller's memory, p2p on a host side channel.
 
 Why two transports: pygloo holds the GIL for the whole of every gloo call, and gloo's
 send blocks until the receiver has posted its recv (measured: a 16-byte send waits for
 the receiver; a thread blocked in pygloo.recv stops every other thread of the process).
 With p2p on gloo an ``irecv`` would freeze its own process, so the ``isend``/``recv``
 pairs the API promises would deadlock; and gloo's recv needs an explicit peer. So
-point-to-point (any-source, tags, timeouts, isend/irecv) runs on procgroup's tcp channel,
-and collectives run on gloo, where every rank calls the same op in the same order and
-blocking in C++ is harmless. Ops gloo lacks (all_to_all; bitwise reductions; int16 and
-complex products) use the core's algorithms over that side channel.
+point-to-point (any-source, tags, timeouts, isend/irecv) runs on a side channel that
+the registry picks (``ctx.open_side_channel``: tcp), and collectives run on gloo, where
+every rank calls the same op in the same order and blocking in C++ is harmless. Ops
+gloo lacks (all_to_all; bitwise reductions; int16 and complex products) use the SDK's
+generic algorithms over that side channel.
 
 Timeouts: gloo's own context timeout is fixed at 30 s (pygloo cannot set it). When the
 channel's timeout is shorter, each collective first checks over the side channel that
@@ -20,8 +21,6 @@ closes this rank's gloo connections (peers blocked on it fail at once instead of
 
 from __future__ import annotations
 
-import copy
-import ctypes
 import dataclasses
 import logging
 import time
@@ -29,18 +28,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from procgroup._netif import choose_address
-from procgroup.channel import ChannelContext, DataChannel, Work
+from procgroup.backend import (
+    ChannelContext,
+    DataChannel,
+    Work,
+    flat_view,
+    host_address,
+    poll,
+)
 from procgroup.errors import (
-    ChannelClosedError,
+    BackendNotFoundError,
     CommTimeoutError,
     PeerError,
     ProcGroupError,
 )
-from procgroup.ops import ReduceOp, finish_average
+from procgroup.ops import ReduceOp
 
 from . import _options
-from ._dtypes import address, byte_view, flat, reduce_plan
+from ._dtypes import lower
+from ._memory import address, byte_view, landing, spread
 from ._rendezvous import connect_context, create_device
 
 log = logging.getLogger(__name__)
@@ -51,8 +57,16 @@ _PEER_NAMING_GRACE = 2.0
 _SCRATCH_LIMIT = 16 * 2**20
 
 
+def open_side_channel(ctx: ChannelContext) -> DataChannel:
+    """The host p2p channel of the best installed side-channel backend, shared memory off
+    (it carries point-to-point and fallbacks only)."""
+    if ctx.open_side_channel is None:
+        raise BackendNotFoundError("backend 'gloo' needs a host side channel, and this context offers none")
+    return ctx.open_side_channel(dataclasses.replace(ctx, options={**ctx.options, "shm": False}))
+
+
 class GlooChannel(DataChannel):
-    """One gloo context (full mesh) plus the TCP side channel it was rendezvoused over."""
+    """One gloo context (full mesh) plus the side channel it was rendezvoused over."""
 
     backend_name = "gloo"
 
@@ -66,21 +80,17 @@ class GlooChannel(DataChannel):
         self._algorithm = _options.allreduce_algorithm(ctx.options)
         self._check_arrival = _options.arrival_check(ctx.options, ctx.timeout)
         if p2p is None:
-            from procgroup_tcp.channel import TcpChannel
-
-            # point to point and fallbacks only: the tcp collectives' shared memory stays off
-            p2p = TcpChannel(dataclasses.replace(ctx, options={**ctx.options, "shm": False}))
+            p2p = open_side_channel(ctx)
         self._p2p = p2p
-        self._root = root if root is not None else p2p  # the world's TcpChannel
+        self._root = root if root is not None else p2p  # the world's side channel
         self._device = device
         self._context: Any = None
-        self._broken: BaseException | None = None
         self._tag = 0
         self._scratch = np.empty(0, dtype=np.uint8)  # reduce's output on non-roots, reused
         if ctx.size > 1:
             try:
                 if self._device is None:
-                    self._device = create_device(choose_address(ctx.master_addr, ctx.options.get("ifname")))
+                    self._device = create_device(host_address(ctx))
                 self._context = connect_context(ctx, p2p, self._device, self.next_collective_tag())
             except BaseException:
                 p2p.close()
@@ -88,20 +98,26 @@ class GlooChannel(DataChannel):
         log.debug("gloo channel rank %d/%d (group %d) ready", ctx.rank, ctx.size, ctx.group_id)
 
     # ------------------------------------------------------------------ point to point
-    def send(self, array: Any, dst: int, tag: int = 0) -> None:
-        self.check_open()
+    # Both forms: the blocking one is the side channel's own blocking call, cheaper than
+    # a started one; the started one is the side channel's (native) isend/irecv.
+    def _check_open(self) -> None:
+        if self._closed:  # p2p stays usable after a gloo failure: only closing ends it
+            self.check_usable()
+
+    def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
+        self._check_open()
         self._p2p.send(array, dst, tag)
 
-    def recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
-        self.check_open()
-        return self._p2p.recv(array, src, tag)
-
-    def isend(self, array: Any, dst: int, tag: int = 0) -> Work:
-        self.check_open()
+    def start_send(self, array: Any, dst: int, tag: int = 0) -> Work:
+        self._check_open()
         return self._p2p.isend(array, dst, tag)
 
-    def irecv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
-        self.check_open()
+    def do_recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
+        self._check_open()
+        return self._p2p.recv(array, src, tag)
+
+    def start_recv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
+        self._check_open()
         return self._p2p.irecv(array, src, tag)
 
     # ------------------------------------------------------------------ gloo calls
@@ -111,20 +127,13 @@ class GlooChannel(DataChannel):
 
     def _call(self, op: str, fn: Callable[..., None], *args: Any) -> None:
         """Run one pygloo collective; turn gloo's RuntimeError into procgroup's errors."""
-        self._usable()
+        self.check_usable()
         if self._check_arrival:
             self._arrive(op)
         try:
             fn(self._context, *args)
         except RuntimeError as exc:
-            raise self._fail(op, exc) from exc
-
-    def _usable(self) -> None:
-        if self._closed:
-            raise ChannelClosedError("the gloo channel is closed (destroy_process_group was called)")
-        if self._broken is not None:
-            # a fresh copy each time: re-raising one instance would stack tracebacks on it
-            raise copy.copy(self._broken).with_traceback(None) from self._broken
+            raise self._gloo_failed(op, exc) from exc
 
     def _arrive(self, op: str) -> None:
         """Return once every rank entered this collective; else time out naming the absent."""
@@ -144,10 +153,10 @@ class GlooChannel(DataChannel):
         if missing:
             who = ", ".join(f"rank {r}" for r in missing)
             exc = CommTimeoutError(f"{op}: {who} did not join within {self.timeout}s", op=op, ranks=missing)
-            self._broken = exc
+            self.fail(exc)
             raise exc
 
-    def _fail(self, op: str, exc: RuntimeError) -> ProcGroupError:
+    def _gloo_failed(self, op: str, exc: RuntimeError) -> ProcGroupError:
         """Break the channel after a gloo error; name the dead peer when the side channel knows it."""
         detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         self._close_gloo()  # peers blocked on this rank now fail at once
@@ -163,18 +172,18 @@ class GlooChannel(DataChannel):
             )
         else:
             err = PeerError(f"{op}: gloo failed: {detail}")
-        self._broken = err
-        log.error("procgroup gloo: %s", err)
+        self.fail(err)
         return err
 
     def _side_channel_failure(self) -> BaseException | None:
-        # TcpChannel keeps the PeerError of a connection that dropped without goodbye
-        deadline = time.monotonic() + _PEER_NAMING_GRACE
-        while True:
-            broken = getattr(self._root, "failure", None)
-            if broken is not None or time.monotonic() >= deadline:
-                return broken
-            time.sleep(0.02)
+        """The side channel's record of a peer that dropped without goodbye, if it has one
+        within a short grace (the socket's reset may trail gloo's error)."""
+        root = self._root
+        try:
+            poll(lambda: root.failure is not None, _PEER_NAMING_GRACE, what="naming the failed peer")
+        except CommTimeoutError:
+            pass
+        return root.failure
 
     def _close_gloo(self) -> None:
         context, self._context = self._context, None
@@ -195,67 +204,67 @@ class GlooChannel(DataChannel):
         return self._scratch[:a.nbytes].view(a.dtype).reshape(a.shape)
 
     # ------------------------------------------------------------------ collectives
-    def broadcast(self, array: Any, src: int) -> None:
+    def do_broadcast(self, array: Any, src: int) -> None:
         if self.size == 1 or array.nbytes == 0:
             return
         b = byte_view(array)
         p = address(b)
         self._call("broadcast", self._pg.broadcast, p, p, b.size, self._u8, src, self._next_tag())
 
-    def all_reduce(self, array: Any, op: ReduceOp) -> None:
+    def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
         if self.size == 1 or array.size == 0:
             return
-        plan = reduce_plan(array.dtype, op)
+        plan = lower(array.dtype, op)
         if plan is None:
-            return super().all_reduce(array, op)
-        a = array if plan.view is None else flat(array, plan.view)
+            return super().do_all_reduce(array, op)
+        a = array if plan.view is None else flat_view(array, plan.view)
         p = address(a)
-        self._call("all_reduce", self._pg.allreduce, p, p, a.size, plan.gloo_dtype, plan.gloo_op,
+        self._call("all_reduce", self._pg.allreduce, p, p, a.size, plan.dtype, plan.op,
                    self._algorithm, self._next_tag())
-        if plan.average:
-            finish_average(ReduceOp.AVG, array, self.size)
+        if plan.divide:
+            array /= self.size
 
-    def reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
+    def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
         if self.size == 1 or array.size == 0:
             return
-        plan = reduce_plan(array.dtype, op)
+        plan = lower(array.dtype, op)
         if plan is None:
-            return super().reduce(array, dst, op)
-        a = flat(array, plan.view)
+            return super().do_reduce(array, dst, op)
+        a = flat_view(array, plan.view)
         # gloo accumulates into the output on every rank: non-roots keep their array intact
         out = a if self.rank == dst else self._scratch_like(a)
-        self._call("reduce", self._pg.reduce, address(a), address(out), a.size, plan.gloo_dtype,
-                   plan.gloo_op, dst, self._next_tag())
-        if self.rank == dst and plan.average:
-            finish_average(ReduceOp.AVG, array, self.size)
+        self._call("reduce", self._pg.reduce, address(a), address(out), a.size, plan.dtype,
+                   plan.op, dst, self._next_tag())
+        if self.rank == dst and plan.divide:
+            array /= self.size
 
-    def all_gather(self, output_list: Sequence[Any], array: Any) -> None:
+    def do_all_gather(self, output_list: Sequence[Any], array: Any) -> None:
         if self.size == 1:
-            return super().all_gather(output_list, array)
+            return super().do_all_gather(output_list, array)
         n = array.nbytes
         if n == 0:
             return
-        dest, staged = _landing(output_list, n)
+        dest, staged = landing(output_list, n)
         self._call("all_gather", self._pg.allgather, address(byte_view(array)), address(dest), n, self._u8,
                    self._next_tag())
         if staged:
-            _spread(dest, output_list, n)
+            spread(dest, output_list, n)
 
-    def gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
+    def do_gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
         if self.size == 1:
-            return super().gather(array, gather_list, dst)
+            return super().do_gather(array, gather_list, dst)
         n = array.nbytes
         if n == 0:
             return
         src = byte_view(array)
-        dest, staged = _landing(gather_list, n) if self.rank == dst and gather_list is not None else (src, False)
+        dest, staged = landing(gather_list, n) if self.rank == dst and gather_list is not None else (src, False)
         self._call("gather", self._pg.gather, address(src), address(dest), n, self._u8, dst, self._next_tag())
         if staged and gather_list is not None:
-            _spread(dest, gather_list, n)
+            spread(dest, gather_list, n)
 
-    def scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
+    def do_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
         if self.size == 1:
-            return super().scatter(array, scatter_list, src)
+            return super().do_scatter(array, scatter_list, src)
         n = array.nbytes
         if n == 0:
             return
@@ -266,23 +275,23 @@ class GlooChannel(DataChannel):
             inputs = [address(out)] * self.size  # ignored by gloo off the root
         self._call("scatter", self._pg.scatter, inputs, address(out), n, self._u8, src, self._next_tag())
 
-    def reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
+    def do_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
         if self.size == 1 or output.size == 0:
-            return super().reduce_scatter(output, input_list, op)
-        plan = reduce_plan(output.dtype, op)
+            return super().do_reduce_scatter(output, input_list, op)
+        plan = lower(output.dtype, op)
         if plan is None:
-            return super().reduce_scatter(output, input_list, op)
-        out = flat(output, plan.view)
+            return super().do_reduce_scatter(output, input_list, op)
+        out = flat_view(output, plan.view)
         n = out.size
         # pygloo copies the input into a buffer of its own anyway; join the list only if needed
-        joined, _ = _landing(input_list, output.nbytes, fill=True)
+        joined, _ = landing(input_list, output.nbytes, fill=True)
         whole = joined.view(out.dtype)
-        self._call("reduce_scatter", _reduce_scatter, address(whole), address(out), n * self.size,
-                   [n] * self.size, plan.gloo_dtype, plan.gloo_op)
-        if plan.average:
-            finish_average(ReduceOp.AVG, output, self.size)
+        self._call("reduce_scatter", self._pg.reduce_scatter, address(whole), address(out), n * self.size,
+                   [n] * self.size, plan.dtype, plan.op)
+        if plan.divide:
+            output /= self.size
 
-    def barrier(self) -> None:
+    def do_barrier(self) -> None:
         """Every rank tells every other one it arrived, over the side channel.
 
         Not gloo's barrier: a barrier is where ranks wait for a slow one (a checkpoint
@@ -291,51 +300,20 @@ class GlooChannel(DataChannel):
         """
         if self.size == 1:
             return
-        self._usable()
+        self.check_usable()
         self._arrive("barrier")
 
     # ------------------------------------------------------------------ groups
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
         """A gloo context of the group's own, its keys exchanged over the side channel."""
-        self.check_open()
+        self._check_open()
         sub = self._p2p.new_group(list(ranks), ctx)
         return GlooChannel(ctx, p2p=sub, device=self._device, root=self._root)
 
     # ------------------------------------------------------------------ teardown
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def do_close(self) -> None:
         self._close_gloo()
-        try:
-            self._p2p.close()
-        finally:
-            self.shutdown_threads()
+        self._p2p.close()
 
 
-def _reduce_scatter(context: Any, sendbuf: int, recvbuf: int, size: int, counts: list[int],
-                    dtype: Any, op: Any) -> None:
-    import pygloo
-
-    pygloo.reduce_scatter(context, sendbuf, recvbuf, size, counts, dtype, op)
-
-
-def _landing(arrays: Sequence[Any], nbytes: int, fill: bool = False) -> tuple[np.ndarray, bool]:
-    """One uint8 buffer over ``arrays`` laid end to end: their own memory when it already
-    is contiguous (no copy), else a new buffer (``staged`` True), filled from them if ``fill``."""
-    base = address(byte_view(arrays[0]))
-    if all(address(byte_view(a)) == base + i * nbytes for i, a in enumerate(arrays)):
-        raw = (ctypes.c_uint8 * (nbytes * len(arrays))).from_address(base)
-        return np.frombuffer(raw, dtype=np.uint8), False
-    buf = np.empty(nbytes * len(arrays), dtype=np.uint8)
-    for i, a in enumerate(arrays if fill else ()):
-        buf[i * nbytes:(i + 1) * nbytes] = byte_view(a)
-    return buf, True
-
-
-def _spread(buf: np.ndarray, arrays: Sequence[Any], nbytes: int) -> None:
-    for i, a in enumerate(arrays):
-        byte_view(a)[:] = buf[i * nbytes:(i + 1) * nbytes]
-
-
-__all__ = ["GlooChannel"]
+__all__ = ["GlooChannel", "open_side_channel"]

@@ -11,7 +11,7 @@ import importlib.util
 import platform
 import sys
 
-from procgroup.hookspecs import BackendSpec, hookimpl
+from procgroup.backend import BackendSpec, hookimpl
 
 SUPPORTED = "pygloo publishes wheels only for CPython 3.8-3.10 on x86-64 Linux"
 
@@ -44,7 +44,7 @@ def procgroup_backends() -> list[BackendSpec]:
             name="gloo",
             loader=_load,
             devices=("cpu",),
-            available=unavailable_reason,
-            description="gloo collectives through pygloo (ring/bcube all_reduce); p2p over TCP",
+            unavailable=unavailable_reason,
+            description="gloo collectives through pygloo (ring/bcube all_reduce); p2p over a host side channel (tcp)",
         )
     ]

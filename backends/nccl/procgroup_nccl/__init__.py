@@ -3,12 +3,14 @@
 Importing this package does not import CuPy. Besides the DataChannel (found through the
 ``procgroup`` entry point), it offers the seed's helpers: :func:`_register_stream`,
 :func:`_clear_group_cache`, and the multi-GPU collectives of one process driving
-several GPUs (:mod:`procgroup_nccl.multigpu`).
+several GPUs (:mod:`procgroup_nccl.multigpu`, also published as ``procgroup.<name>``).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import procgroup
 
 from ._streams import register_stream as _register_stream
 from .multigpu import (
@@ -26,13 +28,10 @@ def _clear_group_cache(group: Any = None) -> int:
     makes a new communicator (a new unique id). Returns how many were dropped; groups
     of other backends have none (0).
     """
-    from procgroup import _api
-
-    g = _api._resolve(group)
-    clear = getattr(g.channel, "clear_cache", None)
-    if g.channel is None or clear is None or g.backend != "nccl":
-        return 0
-    return int(clear())
+    if isinstance(group, procgroup.Group) and group.channel is None:
+        return 0  # not a member, or destroyed: nothing cached here
+    clear = getattr(procgroup.group_channel(group), "clear_cache", None)
+    return 0 if clear is None else int(clear())
 
 
 __all__ = [

@@ -1,21 +1,23 @@
-"""How NumPy dtypes and procgroup ReduceOps map onto NCCL's types and ops.
+"""How NumPy dtypes and procgroup ReduceOps map onto NCCL's types and ops, as ReduceTables.
 
 Pure Python: the tables name NCCL constants (``"FLOAT32"`` for ``nccl.NCCL_FLOAT32``)
-and :func:`resolve` looks them up in ``cupy.cuda.nccl`` only when an op runs, so the
-mapping is importable and testable without a GPU.
+and their ``resolve`` looks them up in ``cupy.cuda.nccl`` only when an op runs, so the
+mapping is importable and testable without a GPU (``reduce_table(names=True)`` keeps
+the names).
 
 Data movement (broadcast, all_gather, send/recv, ...) never looks at the dtype: it moves
 bytes (``UINT8``, count = nbytes). Reductions need a native NCCL type: complex arrays
 reduce as pairs of floats for the ops that act on each part separately (SUM, AVG),
 bool arrays as uint8 with logical ops expressed as MIN/MAX. NCCL has no bitwise ops.
+ncclAvg exists from NCCL 2.10; before, AVG is SUM then one division.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from procgroup.backend import Lowered, ReduceTable
 from procgroup.errors import UnsupportedOperationError
 from procgroup.ops import ReduceOp
 
@@ -33,10 +35,7 @@ NCCL_DTYPES: dict[str, str] = {
     "bfloat16": "BFLOAT16",  # ml_dtypes' bfloat16, where installed
 }
 
-#: Complex dtypes reduce as (real, imag) pairs of this float type.
-COMPLEX_PAIRS: dict[str, str] = {"complex64": "FLOAT32", "complex128": "FLOAT64"}
-
-#: ReduceOp -> NCCL op name for numeric dtypes.
+#: ReduceOp -> NCCL op name for numeric dtypes (AVG only where NCCL has ncclAvg).
 NCCL_OPS: dict[ReduceOp, str] = {
     ReduceOp.SUM: "SUM",
     ReduceOp.PRODUCT: "PROD",
@@ -56,61 +55,13 @@ BOOL_OPS: dict[ReduceOp, str] = {
     ReduceOp.BAND: "MIN",
 }
 
-#: Ops that act on the real and imaginary parts separately, so pairs of floats work.
-COMPLEX_OPS: frozenset[ReduceOp] = frozenset({ReduceOp.SUM, ReduceOp.AVG})
-
 #: First NCCL version (major*10000 + minor*100 + patch) with ncclAvg.
 NCCL_AVG_MIN_VERSION = 21000
 
 #: Data movement: bytes.
 BYTE_TYPE = "UINT8"
 
-
-@dataclass(frozen=True)
-class ReducePlan:
-    """How to run one reduction: NCCL type and op names, element count factor, divide."""
-
-    nccl_type: str
-    nccl_op: str
-    factor: int  # NCCL elements per array element (2 for complex pairs)
-    divide: bool  # AVG without ncclAvg: reduce with SUM, then divide by the group size
-
-    def count(self, size: int) -> int:
-        """NCCL element count for an array of ``size`` elements."""
-        return size * self.factor
-
-
-def reduce_plan(dtype: Any, op: ReduceOp, *, collective: str = "all_reduce",
-                nccl_version: int = NCCL_AVG_MIN_VERSION) -> ReducePlan:
-    """The plan for reducing ``dtype`` with ``op``, or a clear error naming op/dtype/device."""
-    dt = np.dtype(dtype)
-    name = dt.name
-
-    def refuse(why: str) -> UnsupportedOperationError:
-        return UnsupportedOperationError(
-            f"{collective}: backend 'nccl' cannot apply {op.name} to dtype {dt} on cuda: {why}"
-        )
-
-    if not isinstance(op, ReduceOp):
-        raise UnsupportedOperationError(f"{collective}: op must be a procgroup.ReduceOp, got {op!r}")
-    if name == "bool":
-        if op not in BOOL_OPS:
-            raise refuse("NCCL has no logical xor; use a uint8 array and SUM, then % 2")
-        return ReducePlan(BYTE_TYPE, BOOL_OPS[op], 1, False)
-    if name in COMPLEX_PAIRS:
-        if op not in COMPLEX_OPS:
-            raise refuse("complex arrays reduce as (real, imag) float pairs, which only SUM and AVG allow")
-        nccl_type, factor = COMPLEX_PAIRS[name], 2
-    elif name in NCCL_DTYPES:
-        nccl_type, factor = NCCL_DTYPES[name], 1
-    else:
-        supported = ", ".join([*NCCL_DTYPES, *COMPLEX_PAIRS, "bool"])
-        raise refuse(f"NCCL reduces only {supported}; convert the array (e.g. int16 -> int32)")
-    if op not in NCCL_OPS:
-        raise refuse("NCCL has no bitwise reductions (BAND, BOR, BXOR); use a CPU group for them")
-    if op is ReduceOp.AVG and nccl_version < NCCL_AVG_MIN_VERSION:
-        return ReducePlan(nccl_type, "SUM", factor, True)
-    return ReducePlan(nccl_type, NCCL_OPS[op], factor, False)
+_BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
 
 
 def resolve(name: str) -> int:
@@ -125,15 +76,53 @@ def resolve(name: str) -> int:
         ) from None
 
 
+def _keep_name(name: str) -> str:
+    return name
+
+
+class NcclTable(ReduceTable):
+    """A ReduceTable whose refusals say what NCCL lacks (bitwise ops, logical xor)."""
+
+    def why_not(self, dtype: Any, op: ReduceOp) -> str:
+        dt = np.dtype(dtype)
+        if dt.kind == "b" and op is ReduceOp.BXOR:
+            return "NCCL has no logical xor; use a uint8 array and SUM, then % 2"
+        if op in _BITWISE and dt.kind in "iu":
+            return "NCCL has no bitwise reductions (BAND, BOR, BXOR); use a CPU group for them"
+        return super().why_not(dtype, op).replace("it reduces only", "NCCL reduces only")
+
+
+def _table(avg: bool, names: bool) -> NcclTable:
+    ops: dict[ReduceOp, str] = NCCL_OPS if avg else {k: v for k, v in NCCL_OPS.items() if k is not ReduceOp.AVG}
+    return NcclTable(backend="nccl", dtypes=NCCL_DTYPES, ops=ops, bool_ops=BOOL_OPS, bool_as="uint8",
+                     resolve=_keep_name if names else resolve)
+
+
+#: (has ncclAvg, keep names) -> table; built once, so lowering plans are cached per table.
+_TABLES = {(avg, names): _table(avg, names) for avg in (True, False) for names in (True, False)}
+
+
+def reduce_table(nccl_version: int = NCCL_AVG_MIN_VERSION, *, names: bool = False) -> NcclTable:
+    """The table for this NCCL version; ``names=True`` keeps NCCL names instead of constants."""
+    return _TABLES[nccl_version >= NCCL_AVG_MIN_VERSION, names]
+
+
+def reduce_plan(dtype: Any, op: ReduceOp, *, collective: str = "all_reduce",
+                table: ReduceTable | None = None) -> Lowered:
+    """The plan for reducing ``dtype`` with ``op``, or a clear error naming op/dtype/device."""
+    if not isinstance(op, ReduceOp):
+        raise UnsupportedOperationError(f"{collective}: op must be a procgroup.ReduceOp, got {op!r}")
+    return (table or reduce_table()).require(dtype, op, collective, "cuda")
+
+
 __all__ = [
     "BOOL_OPS",
     "BYTE_TYPE",
-    "COMPLEX_OPS",
-    "COMPLEX_PAIRS",
     "NCCL_AVG_MIN_VERSION",
     "NCCL_DTYPES",
     "NCCL_OPS",
-    "ReducePlan",
+    "NcclTable",
     "reduce_plan",
+    "reduce_table",
     "resolve",
 ]

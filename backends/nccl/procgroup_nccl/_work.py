@@ -2,10 +2,11 @@
 
 An op is enqueued on the channel's stream and ends with an event. ``Work.wait()`` makes
 the caller's stream wait on that event (torch's semantics: the host does not block);
-with a timeout, or for barrier, it also waits on the host, polling the event. A
-watchdog thread keeps the op's arrays alive until the event fires (another stream must
-not reuse their memory) and aborts the communicator when an op outlives the channel
-timeout or NCCL reports an asynchronous error, so no rank hangs forever.
+with a timeout, for barrier, and in blocking-wait mode it also waits on the host,
+polling the event. A blocking call is the same start + wait. A watchdog thread keeps
+the op's arrays alive until the event fires (another stream must not reuse their
+memory) and aborts the communicator when an op outlives the channel timeout or NCCL
+reports an asynchronous error, so no rank hangs forever.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from procgroup.channel import Work
+from procgroup.backend import Work, poll
 from procgroup.errors import CommTimeoutError
 
 from ._streams import caller_stream
 
 log = logging.getLogger(__name__)
 
-_POLL_MAX = 0.002  # seconds between event queries while the host waits
 _WATCH_INTERVAL = 0.05
 
 
@@ -63,24 +63,28 @@ class Inflight:
 
     def host_wait(self, timeout: float) -> bool:
         """Block the host until done or ``timeout`` seconds passed; True when done."""
-        end = time.monotonic() + timeout
-        pause = 0.0
-        while not self.done():
-            if time.monotonic() >= end:
-                return False
-            time.sleep(pause)
-            pause = min(_POLL_MAX, pause * 2 + 1e-5)
+        try:
+            poll(self.done, max(0.0, timeout), op=self.op)
+        except CommTimeoutError:
+            return False
         return True
 
 
 class NcclWork(Work):
-    """The Work of an nccl op started with async_op=True (or isend/irecv)."""
+    """The Work of every nccl op: a blocking call is its ``wait()``.
 
-    def __init__(self, inflight: Inflight, *, host_sync: bool = False, default_timeout: float | None = None) -> None:
+    ``abort(error)`` breaks the channel (the communicator is aborted); ``host_sync``
+    (barrier) and ``blocking`` (blocking-wait mode) make wait() block the host until the
+    op's deadline, ``timeout`` is the channel's (for the message).
+    """
+
+    def __init__(self, inflight: Inflight, abort: Callable[[BaseException], None], timeout: float, *,
+                 host_sync: bool = False, blocking: bool = False) -> None:
         self.op = inflight.op
         self._inflight = inflight
-        self._host_sync = host_sync  # barrier: wait() blocks the host as well
-        self._default_timeout = default_timeout  # blocking-wait mode: host waits this long
+        self._abort = abort
+        self._timeout = timeout
+        self._host_sync = host_sync or blocking
 
     def is_completed(self) -> bool:
         return self._inflight.done()
@@ -88,23 +92,28 @@ class NcclWork(Work):
     def wait(self, timeout: float | None = None) -> bool:
         """Order the caller's stream after the op; block the host too when asked to.
 
-        The host blocks when ``timeout`` is given, for barrier, and in blocking-wait mode
-        (PROCGROUP_NCCL_BLOCKING_WAIT=1); it raises CommTimeoutError when the op is not
-        done by then. Errors found by the watchdog (timeout, NCCL async error) re-raise.
+        With ``timeout`` the host waits that long and raises CommTimeoutError when the op
+        is not done (the op goes on). For barrier and in blocking-wait mode
+        (PROCGROUP_NCCL_BLOCKING_WAIT=1) it waits until the op's deadline (the group
+        timeout after it started); past it the communicator is aborted. Errors found by
+        the watchdog (timeout, NCCL async error) re-raise.
         """
         inflight = self._inflight
         self._raise_error()
         inflight.hand_to_caller()
-        limit = timeout if timeout is not None else (
-            self._default_timeout if (self._host_sync or self._default_timeout is not None) else None
-        )
-        if self._host_sync and limit is None:
-            limit = inflight.deadline - time.monotonic()
-        if limit is not None and not inflight.host_wait(max(0.0, limit)):
+        if timeout is not None:
+            if not inflight.host_wait(timeout):
+                self._raise_error()
+                raise CommTimeoutError(f"nccl {self.op} not finished after Work.wait(timeout={timeout:.3g})",
+                                       op=self.op)
+        elif self._host_sync and not inflight.host_wait(inflight.deadline - time.monotonic()):
             self._raise_error()
-            raise CommTimeoutError(
-                f"nccl {self.op} not finished after Work.wait(timeout={limit:.3g})", op=self.op
+            err = CommTimeoutError(
+                f"nccl {self.op} did not finish within {self._timeout:g} s; the communicator was aborted",
+                op=self.op,
             )
+            self._abort(err)
+            raise err
         self._raise_error()
         return True
 
@@ -117,7 +126,8 @@ class NcclWork(Work):
         return self._inflight.error
 
     def result(self) -> Any:
-        return self._inflight.value if self._inflight.done() else None
+        """recv's source (known when the op starts: NCCL receives from a named peer)."""
+        return self._inflight.value
 
 
 class Watchdog:
@@ -193,8 +203,7 @@ class Watchdog:
                 op=late[0].op,
             )
         if error is not None:
-            log.error("%s: %s", self._name, error)
-            self._on_failure(error)  # the channel aborts and calls fail_all
+            self._on_failure(error)  # the channel records (and logs) it, aborts, calls fail_all
 
 
 __all__ = ["Inflight", "NcclWork", "Watchdog"]

@@ -13,13 +13,12 @@ not used, and recv needs ``src``.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from procgroup.channel import ChannelContext, DataChannel, Work
+from procgroup.backend import ChannelContext, DataChannel, Lowered, env_flag
 from procgroup.errors import (
     CommTimeoutError,
     InvalidArgumentError,
@@ -39,7 +38,7 @@ from ._buffers import (
     same_device,
 )
 from ._streams import caller_stream
-from ._types import BYTE_TYPE, ReducePlan, reduce_plan, resolve
+from ._types import BYTE_TYPE, reduce_plan, reduce_table, resolve
 from ._work import Inflight, NcclWork, Watchdog
 
 log = logging.getLogger(__name__)
@@ -51,12 +50,13 @@ _CLOSE_WAIT = 30.0  # seconds close() lets in-flight ops finish before aborting
 Body = Callable[[Any, Any], Sequence[Any] | None]
 
 
-def blocking_wait(options: Any) -> bool:
+#: Blocking-wait mode: every wait blocks the host until the op is done (or times out).
+ENV_BLOCKING_WAIT = "PROCGROUP_NCCL_BLOCKING_WAIT"
+
+
+def blocking_wait(options: Mapping[str, Any] | None) -> bool:
     """Blocking-wait mode: ctx.options["blocking_wait"], else $PROCGROUP_NCCL_BLOCKING_WAIT."""
-    value = options.get("blocking_wait") if options else None
-    if value is None:
-        value = os.environ.get("PROCGROUP_NCCL_BLOCKING_WAIT", "0")
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
+    return env_flag(ENV_BLOCKING_WAIT, False, name="blocking_wait", options=options or {})
 
 
 class NcclChannel(DataChannel):
@@ -72,7 +72,6 @@ class NcclChannel(DataChannel):
 
         self._cupy = cupy
         self._nccl = nccl
-        self._nccl_version = int(nccl.get_version())
         self._lock = threading.RLock()
         self._comm: Any = None
         self._comm_device: int | None = None
@@ -81,10 +80,10 @@ class NcclChannel(DataChannel):
         self._multi_seq = 0
         self._streams: dict[int, Any] = {}
         self._barrier_bufs: dict[int, Any] = {}
-        self._broken: BaseException | None = None
+        self._table = reduce_table(int(nccl.get_version()))
         self._aborted = False
         self._blocking = blocking_wait(ctx.options)
-        self._watchdog = Watchdog(f"procgroup-nccl-watchdog-g{ctx.group_id}", self._fail, self._async_error)
+        self._watchdog = Watchdog(f"procgroup-nccl-watchdog-g{ctx.group_id}", self._abort, self._async_error)
 
     # ----------------------------------------------------------------- communicators
     def _communicator(self, device: int) -> Any:
@@ -128,14 +127,13 @@ class NcclChannel(DataChannel):
         return stream
 
     # ----------------------------------------------------------------- failure handling
-    def _fail(self, error: BaseException) -> None:
-        """Abort every communicator; pending and later ops fail with ``error``.
+    def _abort(self, error: BaseException) -> None:
+        """Break the channel: abort every communicator; pending and later ops fail with ``error``.
 
         Called by the watchdog thread without the channel lock, so an op blocked inside
         NCCL on another thread is released by the abort.
         """
-        if self._broken is None:
-            self._broken = error
+        self.fail(error)
         self._watchdog.fail_all(error)
         if not self._aborted:
             self._aborted = True
@@ -157,21 +155,28 @@ class NcclChannel(DataChannel):
         if status in _USAGE_ERRORS:
             return InvalidArgumentError(f"{op}: NCCL rejected the call ({exc})")
         err = PeerError(f"{op}: NCCL failed ({exc}); the communicator was aborted")
-        self._fail(err)
+        self._abort(err)
         return err
 
     def _check_usable(self, op: str) -> None:
-        self.check_open()
-        broken = self._broken
-        if broken is not None:
-            msg = (f"{op}: the nccl communicator was aborted after an earlier error ({broken}); "
-                   f"destroy this group and create a new one")
-            if isinstance(broken, CommTimeoutError):
-                raise CommTimeoutError(msg, op=op)
-            raise PeerError(msg)
+        """check_usable(), saying that the communicator was aborted and what to do."""
+        broken = self.failure
+        if broken is None or self._closed:
+            self.check_usable()
+            return
+        msg = (f"{op}: the nccl communicator was aborted after an earlier error ({broken}); "
+               f"destroy this group and create a new one")
+        if isinstance(broken, CommTimeoutError):
+            raise CommTimeoutError(msg, op=op)
+        raise PeerError(msg)
 
     # ----------------------------------------------------------------- launching
-    def _launch(self, op: str, device: int, body: Body, keep: tuple[Any, ...], result: Any = None) -> Inflight:
+    def _work(self, inflight: Inflight, host: bool = False) -> NcclWork:
+        self._watchdog.track(inflight)
+        return NcclWork(inflight, self._abort, self.timeout, host_sync=host, blocking=self._blocking)
+
+    def _launch(self, op: str, device: int, body: Body, keep: tuple[Any, ...], result: Any = None,
+                host: bool = False) -> NcclWork:
         """Enqueue ``body(comm, stream)`` on the procgroup stream after the caller's work."""
         cuda = self._cupy.cuda
         with self._lock:
@@ -189,13 +194,12 @@ class NcclChannel(DataChannel):
                 done = cuda.Event(disable_timing=True)
                 done.record(stream)
             inflight = Inflight(op, [(device, done)], (*keep, *extra), time.monotonic() + self.timeout, result)
-            self._watchdog.track(inflight)
-            return inflight
+            return self._work(inflight, host)
 
     def _launch_multi(self, op: str, buffers: Sequence[DeviceBuffer],
                       inside: Callable[[int, Any, Any], None],
                       before: Callable[[int, Any], Sequence[Any]] | None = None,
-                      after: Callable[[int, Any], None] | None = None) -> Inflight:
+                      after: Callable[[int, Any], None] | None = None) -> NcclWork:
         """One op over several GPUs of this process: a grouped NCCL call per device.
 
         ``before``/``after`` run per device outside the NCCL group (allocations, copies):
@@ -234,31 +238,11 @@ class NcclChannel(DataChannel):
                     done = cuda.Event(disable_timing=True)
                     done.record(streams[i])
                     events.append((dev, done))
-            inflight = Inflight(op, events, tuple(keep), time.monotonic() + self.timeout)
-            self._watchdog.track(inflight)
-            return inflight
-
-    def complete(self, inflight: Inflight, *, host: bool = False) -> None:
-        """Finish a blocking call: the caller's stream waits; the host too when asked."""
-        inflight.hand_to_caller()
-        waits = host or self._blocking
-        if waits and not inflight.host_wait(max(0.0, inflight.deadline - time.monotonic())):
-            err = CommTimeoutError(
-                f"nccl {inflight.op} did not finish within {self.timeout:g} s; the communicator "
-                f"was aborted", op=inflight.op,
-            )
-            self._fail(err)
-            raise err
-        if inflight.error is not None:
-            raise inflight.error
-
-    def work(self, inflight: Inflight, *, host: bool = False) -> NcclWork:
-        """The Work handle of an op started with async_op=True."""
-        return NcclWork(inflight, host_sync=host, default_timeout=self.timeout if self._blocking else None)
+            return self._work(Inflight(op, events, tuple(keep), time.monotonic() + self.timeout))
 
     # ----------------------------------------------------------------- helpers
-    def _plan(self, dtype: Any, op: ReduceOp, collective: str) -> ReducePlan:
-        return reduce_plan(dtype, op, collective=collective, nccl_version=self._nccl_version)
+    def _plan(self, dtype: Any, op: ReduceOp, collective: str) -> Lowered:
+        return reduce_plan(dtype, op, collective=collective, table=self._table)
 
     def _copy(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
         if nbytes and dst != src:
@@ -285,38 +269,38 @@ class NcclChannel(DataChannel):
         finally:
             self._nccl.groupEnd()
 
-    # ----------------------------------------------------------------- starters
-    def _start_broadcast(self, array: Any, src: int) -> Inflight:
+    # ----------------------------------------------------------------- the ops
+    # Each op is one start_<op>; a blocking call is start + NcclWork.wait(): the caller's
+    # stream waits for the op, the host only for barrier, blocking-wait mode or a timeout.
+    def start_broadcast(self, array: Any, src: int) -> NcclWork:
         buf = device_buffer(array)
         byte = resolve(BYTE_TYPE)
         return self._launch("broadcast", buf.device,
                             lambda c, s: c.bcast(buf.ptr, buf.nbytes, byte, src, s.ptr), (buf.owner,))
 
-    def _start_all_reduce(self, array: Any, op: ReduceOp) -> Inflight:
+    def start_all_reduce(self, array: Any, op: ReduceOp) -> NcclWork:
         buf = device_buffer(array)
         plan = self._plan(buf.dtype, op, "all_reduce")
-        t, o = resolve(plan.nccl_type), resolve(plan.nccl_op)
 
         def body(c: Any, s: Any) -> None:
-            c.allReduce(buf.ptr, buf.ptr, plan.count(buf.size), t, o, s.ptr)
+            c.allReduce(buf.ptr, buf.ptr, buf.size * plan.factor, plan.dtype, plan.op, s.ptr)
             if plan.divide:
                 self._divide(buf, self.size, s)
 
         return self._launch("all_reduce", buf.device, body, (buf.owner,))
 
-    def _start_reduce(self, array: Any, dst: int, op: ReduceOp) -> Inflight:
+    def start_reduce(self, array: Any, dst: int, op: ReduceOp) -> NcclWork:
         buf = device_buffer(array)
         plan = self._plan(buf.dtype, op, "reduce")
-        t, o = resolve(plan.nccl_type), resolve(plan.nccl_op)
 
         def body(c: Any, s: Any) -> None:
-            c.reduce(buf.ptr, buf.ptr, plan.count(buf.size), t, o, dst, s.ptr)
+            c.reduce(buf.ptr, buf.ptr, buf.size * plan.factor, plan.dtype, plan.op, dst, s.ptr)
             if plan.divide and self.rank == dst:
                 self._divide(buf, self.size, s)
 
         return self._launch("reduce", buf.device, body, (buf.owner,))
 
-    def _start_all_gather(self, output_list: Sequence[Any], array: Any) -> Inflight:
+    def start_all_gather(self, output_list: Sequence[Any], array: Any) -> NcclWork:
         inp = device_buffer(array, "array")
         outs = [device_buffer(a, f"output_list[{i}]") for i, a in enumerate(output_list)]
         device = same_device([inp, *outs], "all_gather")
@@ -334,12 +318,11 @@ class NcclChannel(DataChannel):
 
         return self._launch("all_gather", device, body, (inp.owner, *[o.owner for o in outs]))
 
-    def _start_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> Inflight:
+    def start_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> NcclWork:
         out = device_buffer(output, "output")
         ins = [device_buffer(a, f"input_list[{i}]") for i, a in enumerate(input_list)]
         device = same_device([out, *ins], "reduce_scatter")
         plan = self._plan(out.dtype, op, "reduce_scatter")
-        t, o = resolve(plan.nccl_type), resolve(plan.nccl_op)
         n = out.nbytes
 
         def body(c: Any, s: Any) -> Sequence[Any]:
@@ -351,14 +334,14 @@ class NcclChannel(DataChannel):
                 for i, b in enumerate(ins):
                     self._copy(tmp.data.ptr + i * n, b.ptr, n, s)
                 src, extra = tmp.data.ptr, (tmp,)
-            c.reduceScatter(src, out.ptr, plan.count(out.size), t, o, s.ptr)
+            c.reduceScatter(src, out.ptr, out.size * plan.factor, plan.dtype, plan.op, s.ptr)
             if plan.divide:
                 self._divide(out, self.size, s)
             return extra
 
         return self._launch("reduce_scatter", device, body, (out.owner, *[b.owner for b in ins]))
 
-    def _start_gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> Inflight:
+    def start_gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> NcclWork:
         inp = device_buffer(array, "array")
         outs = [device_buffer(a, f"gather_list[{i}]") for i, a in enumerate(gather_list or ())]
         device = same_device([inp, *outs], "gather")
@@ -380,7 +363,7 @@ class NcclChannel(DataChannel):
 
         return self._launch("gather", device, body, (inp.owner, *[o.owner for o in outs]))
 
-    def _start_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> Inflight:
+    def start_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> NcclWork:
         out = device_buffer(array, "array")
         ins = [device_buffer(a, f"scatter_list[{i}]") for i, a in enumerate(scatter_list or ())]
         device = same_device([out, *ins], "scatter")
@@ -402,7 +385,7 @@ class NcclChannel(DataChannel):
 
         return self._launch("scatter", device, body, (out.owner, *[b.owner for b in ins]))
 
-    def _start_all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> Inflight:
+    def start_all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> NcclWork:
         outs = [device_buffer(a, f"output_list[{i}]") for i, a in enumerate(output_list)]
         ins = [device_buffer(a, f"input_list[{i}]") for i, a in enumerate(input_list)]
         device = same_device([*outs, *ins], "all_to_all")
@@ -421,7 +404,8 @@ class NcclChannel(DataChannel):
 
         return self._launch("all_to_all", device, body, (*[o.owner for o in outs], *[b.owner for b in ins]))
 
-    def _start_barrier(self) -> Inflight:
+    def start_barrier(self) -> NcclWork:
+        """A one-float all_reduce whose wait() blocks the host (not only the stream)."""
         cuda = self._cupy.cuda
         device = self._comm_device if self._comm_device is not None else int(cuda.Device().id)
         buf = self._barrier_bufs.get(device)
@@ -430,14 +414,16 @@ class NcclChannel(DataChannel):
                 buf = self._cupy.empty(1, dtype=self._cupy.float32)
             self._barrier_bufs[device] = buf
         t, o = resolve("FLOAT32"), resolve("SUM")
-        return self._launch("barrier", device, lambda c, s: c.allReduce(buf.data.ptr, buf.data.ptr, 1, t, o, s.ptr), ())
+        return self._launch("barrier", device, lambda c, s: c.allReduce(buf.data.ptr, buf.data.ptr, 1, t, o, s.ptr),
+                            (), host=True)
 
-    def _start_send(self, array: Any, dst: int) -> Inflight:
+    def start_send(self, array: Any, dst: int, tag: int = 0) -> NcclWork:
+        """Enqueue the send; the caller's stream may reuse the buffer after it (tags unused)."""
         buf = device_buffer(array)
         byte = resolve(BYTE_TYPE)
         return self._launch("send", buf.device, lambda c, s: c.send(buf.ptr, buf.nbytes, byte, dst, s.ptr), (buf.owner,))
 
-    def _start_recv(self, array: Any, src: int | None) -> Inflight:
+    def start_recv(self, array: Any, src: int | None = None, tag: int = 0) -> NcclWork:
         if src is None:
             raise UnsupportedOperationError(
                 "recv: backend 'nccl' cannot receive from any source on cuda (NCCL matches "
@@ -448,81 +434,29 @@ class NcclChannel(DataChannel):
         return self._launch("recv", buf.device, lambda c, s: c.recv(buf.ptr, buf.nbytes, byte, src, s.ptr),
                             (buf.owner,), result=src)
 
-    # ----------------------------------------------------------------- DataChannel API
-    def send(self, array: Any, dst: int, tag: int = 0) -> None:
-        """Enqueue the send; the caller's stream may reuse the buffer after it (tags unused)."""
-        self.complete(self._start_send(array, dst))
-
-    def recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
-        inflight = self._start_recv(array, src)  # refuses src=None
-        self.complete(inflight)
-        return int(inflight.value)
-
-    def isend(self, array: Any, dst: int, tag: int = 0) -> Work:
-        return self.work(self._start_send(array, dst))
-
-    def irecv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
-        return self.work(self._start_recv(array, src))
-
-    def broadcast(self, array: Any, src: int) -> None:
-        self.complete(self._start_broadcast(array, src))
-
-    def all_reduce(self, array: Any, op: ReduceOp) -> None:
-        self.complete(self._start_all_reduce(array, op))
-
-    def reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
-        self.complete(self._start_reduce(array, dst, op))
-
-    def all_gather(self, output_list: Sequence[Any], array: Any) -> None:
-        self.complete(self._start_all_gather(output_list, array))
-
-    def gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
-        self.complete(self._start_gather(array, gather_list, dst))
-
-    def scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
-        self.complete(self._start_scatter(array, scatter_list, src))
-
-    def reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
-        self.complete(self._start_reduce_scatter(output, input_list, op))
-
-    def all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> None:
-        self.complete(self._start_all_to_all(output_list, input_list))
-
-    def barrier(self) -> None:
-        """Blocks the host (not only the stream) until every rank arrived."""
-        self.complete(self._start_barrier(), host=True)
-
-    def submit(self, op: str, *args: Any) -> Work:
-        starter = getattr(self, f"_start_{op}", None)
-        if starter is None:
-            return super().submit(op, *args)
-        return self.work(starter(*args), host=op == "barrier")
-
-    def run(self, op: str, *args: Any) -> None:
-        getattr(self, op)(*args)
-
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
         """A native communicator of its own (its unique id goes through ctx's Store)."""
         return NcclChannel(ctx)
 
     # ----------------------------------------------------------------- multi-GPU
-    def start_broadcast_multigpu(self, bufs: Sequence[DeviceBuffer], root: int) -> Inflight:
+    def start_broadcast_multigpu(self, bufs: Sequence[DeviceBuffer], root: int) -> NcclWork:
         byte = resolve(BYTE_TYPE)
         return self._launch_multi("broadcast_multigpu", bufs,
                                   lambda i, c, s: c.bcast(bufs[i].ptr, bufs[i].nbytes, byte, root, s.ptr))
 
-    def start_all_reduce_multigpu(self, bufs: Sequence[DeviceBuffer], op: ReduceOp) -> Inflight:
+    def start_all_reduce_multigpu(self, bufs: Sequence[DeviceBuffer], op: ReduceOp) -> NcclWork:
         plan = self._plan(bufs[0].dtype, op, "all_reduce_multigpu")
-        t, o, total = resolve(plan.nccl_type), resolve(plan.nccl_op), self.size * len(bufs)
+        total = self.size * len(bufs)
         return self._launch_multi(
             "all_reduce_multigpu", bufs,
-            lambda i, c, s: c.allReduce(bufs[i].ptr, bufs[i].ptr, plan.count(bufs[i].size), t, o, s.ptr),
+            lambda i, c, s: c.allReduce(bufs[i].ptr, bufs[i].ptr, bufs[i].size * plan.factor, plan.dtype,
+                                        plan.op, s.ptr),
             after=(lambda i, s: self._divide(bufs[i], total, s)) if plan.divide else None,
         )
 
-    def start_reduce_multigpu(self, bufs: Sequence[DeviceBuffer], root: int, op: ReduceOp) -> Inflight:
+    def start_reduce_multigpu(self, bufs: Sequence[DeviceBuffer], root: int, op: ReduceOp) -> NcclWork:
         plan = self._plan(bufs[0].dtype, op, "reduce_multigpu")
-        t, o, ndev = resolve(plan.nccl_type), resolve(plan.nccl_op), len(bufs)
+        ndev = len(bufs)
 
         def after(i: int, s: Any) -> None:
             if plan.divide and self.rank * ndev + i == root:
@@ -530,12 +464,13 @@ class NcclChannel(DataChannel):
 
         return self._launch_multi(
             "reduce_multigpu", bufs,
-            lambda i, c, s: c.reduce(bufs[i].ptr, bufs[i].ptr, plan.count(bufs[i].size), t, o, root, s.ptr),
+            lambda i, c, s: c.reduce(bufs[i].ptr, bufs[i].ptr, bufs[i].size * plan.factor, plan.dtype, plan.op,
+                                     root, s.ptr),
             after=after,
         )
 
     def start_all_gather_multigpu(self, out_lists: Sequence[Sequence[DeviceBuffer]],
-                                  bufs: Sequence[DeviceBuffer]) -> Inflight:
+                                  bufs: Sequence[DeviceBuffer]) -> NcclWork:
         byte, n = resolve(BYTE_TYPE), bufs[0].nbytes
         total = self.size * len(bufs)
         targets: list[int] = [0] * len(bufs)
@@ -562,11 +497,18 @@ class NcclChannel(DataChannel):
         )
 
     # ----------------------------------------------------------------- teardown
+    def _drain(self) -> bool:
+        """Let in-flight ops finish (bounded); True when they all did."""
+        return all(p.host_wait(min(self.timeout, _CLOSE_WAIT)) for p in self._watchdog.pending())
+
     def clear_cache(self) -> int:
-        """Drop this group's communicators (all ranks call it, in the same order)."""
+        """Drop this group's communicators (all ranks call it, in the same order).
+
+        A channel whose communicator was aborted is usable again afterwards: the next op
+        makes a new communicator.
+        """
         with self._lock:
-            pending = self._watchdog.pending()
-            finished = all(p.host_wait(min(self.timeout, _CLOSE_WAIT)) for p in pending)
+            finished = self._drain()
             comms = self._all_comms()
             for comm in comms:
                 if not self._aborted:
@@ -576,16 +518,13 @@ class NcclChannel(DataChannel):
             self._multi_seq = 0
             if self._aborted:
                 self._aborted = False
-                self._broken = None
+                with self._state_lock:  # no SDK call forgets a failure: the new communicator heals it
+                    self._failure = None
             return len(comms)
 
-    def close(self) -> None:
+    def do_close(self) -> None:
         """Destroy the communicators once in-flight ops finish, else abort them."""
-        if self._closed:
-            return
-        self._closed = True
-        pending = self._watchdog.pending()
-        finished = all(p.host_wait(min(self.timeout, _CLOSE_WAIT)) for p in pending)
+        finished = self._drain()
         self._watchdog.stop()
         if not self._aborted:
             self._aborted = True
@@ -595,7 +534,6 @@ class NcclChannel(DataChannel):
         self._comm, self._multi = None, {}
         self._streams.clear()
         self._barrier_bufs.clear()
-        self.shutdown_threads()
 
 
-__all__ = ["NcclChannel", "blocking_wait"]
+__all__ = ["ENV_BLOCKING_WAIT", "NcclChannel", "blocking_wait"]

@@ -4,6 +4,7 @@ Each process passes a list with one array per GPU it drives (every process the s
 number, ``ndev``); NCCL sees ``world_size * ndev`` ranks, the array ``i`` of process
 ``p`` being NCCL rank ``p * ndev + i``. The calls are grouped (ncclGroupStart/End), so
 one thread feeds every GPU without deadlock. The group must use backend "nccl".
+The plugin publishes these as ``procgroup.<name>`` (BackendSpec.api).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import procgroup
 from procgroup import arrays
-from procgroup.channel import Work
+from procgroup.backend import DataChannel, Work
 from procgroup.errors import (
     InvalidArgumentError,
     InvalidArrayError,
@@ -23,18 +25,26 @@ from procgroup.ops import ReduceOp, check_op_dtype
 from ._buffers import DeviceBuffer, device_buffer
 
 
-def _channel(group: Any, op: str) -> tuple[Any, Any]:
-    """(NcclChannel, Group) for ``group``; a clear error for any other backend."""
-    from procgroup import _api
-
+def _channel(group: Any, op: str) -> Any:
+    """The NcclChannel of ``group``; a clear error for any other backend."""
     from .channel import NcclChannel
 
-    g = _api._member(group, op)
-    if not isinstance(g.channel, NcclChannel):
+    channel = procgroup.group_channel(group)
+    if not isinstance(channel, NcclChannel):
         raise UnsupportedOperationError(
-            f"{op}: needs a group of backend 'nccl'; this group's backend is {g.backend!r}"
+            f"{op}: needs a group of backend 'nccl'; this group's backend is {channel.backend_name!r}"
         )
-    return g.channel, g
+    return channel
+
+
+def _group_rank(channel: DataChannel, rank: int, what: str) -> int:
+    """The channel rank of world rank ``rank`` (given as ``what``, e.g. "src")."""
+    world = channel.ctx.global_ranks or tuple(range(channel.size))
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise InvalidArgumentError(f"{what} must be an int rank, got {rank!r}")
+    if rank not in world:
+        raise InvalidArgumentError(f"{what}={rank} is not a rank of this group (its world ranks are {list(world)})")
+    return world.index(rank)
 
 
 def _count(items: Any, name: str, op: str) -> int:
@@ -72,10 +82,11 @@ def _index(value: int, ndev: int, what: str, op: str) -> int:
     return value
 
 
-def _finish(channel: Any, inflight: Any, async_op: bool) -> Work | None:
+def _finish(work: Work, async_op: bool) -> Work | None:
+    """The Work for async_op=True; else wait for it, as every blocking nccl call does."""
     if async_op:
-        return channel.work(inflight)
-    channel.complete(inflight)
+        return work
+    work.wait()
     return None
 
 
@@ -83,46 +94,46 @@ def broadcast_multigpu(tensor_list: Sequence[Any], src: int, group: Any = None, 
                        src_tensor: int = 0) -> Work | None:
     """Every array of every process gets ``tensor_list[src_tensor]`` of world rank ``src``."""
     op = "broadcast_multigpu"
-    channel, g = _channel(group, op)
-    root = g.group_rank(src, "src")
+    channel = _channel(group, op)
+    root = _group_rank(channel, src, "src")
     idx = _index(src_tensor, _count(tensor_list, "tensor_list", op), "src_tensor", op)
     bufs = _buffers(tensor_list, "tensor_list", op, writable=True)
-    return _finish(channel, channel.start_broadcast_multigpu(bufs, root * len(bufs) + idx), async_op)
+    return _finish(channel.start_broadcast_multigpu(bufs, root * len(bufs) + idx), async_op)
 
 
 def all_reduce_multigpu(tensor_list: Sequence[Any], op: ReduceOp = ReduceOp.SUM, group: Any = None,
                         async_op: bool = False) -> Work | None:
     """Reduce all arrays of all processes with ``op``; every array gets the result."""
     name = "all_reduce_multigpu"
-    channel, _ = _channel(group, name)
+    channel = _channel(group, name)
     bufs = _buffers(tensor_list, "tensor_list", name, writable=True)
     check_op_dtype(op, bufs[0].dtype)
-    return _finish(channel, channel.start_all_reduce_multigpu(bufs, op), async_op)
+    return _finish(channel.start_all_reduce_multigpu(bufs, op), async_op)
 
 
 def reduce_multigpu(tensor_list: Sequence[Any], dst: int, op: ReduceOp = ReduceOp.SUM, group: Any = None,
                     async_op: bool = False, dst_tensor: int = 0) -> Work | None:
     """Reduce all arrays into ``tensor_list[dst_tensor]`` of world rank ``dst``."""
     name = "reduce_multigpu"
-    channel, g = _channel(group, name)
-    root = g.group_rank(dst, "dst")
+    channel = _channel(group, name)
+    root = _group_rank(channel, dst, "dst")
     idx = _index(dst_tensor, _count(tensor_list, "tensor_list", name), "dst_tensor", name)
-    bufs = _buffers(tensor_list, "tensor_list", name, writable=g.rank == root)
+    bufs = _buffers(tensor_list, "tensor_list", name, writable=channel.rank == root)
     check_op_dtype(op, bufs[0].dtype)
-    return _finish(channel, channel.start_reduce_multigpu(bufs, root * len(bufs) + idx, op), async_op)
+    return _finish(channel.start_reduce_multigpu(bufs, root * len(bufs) + idx, op), async_op)
 
 
 def all_gather_multigpu(output_tensor_lists: Sequence[Sequence[Any]], input_tensor_list: Sequence[Any],
                         group: Any = None, async_op: bool = False) -> Work | None:
     """``output_tensor_lists[i][k]`` (on the GPU of input i) gets NCCL rank k's input."""
     name = "all_gather_multigpu"
-    channel, g = _channel(group, name)
+    channel = _channel(group, name)
     bufs = _buffers(input_tensor_list, "input_tensor_list", name, writable=False)
     if not isinstance(output_tensor_lists, (list, tuple)) or len(output_tensor_lists) != len(bufs):
         raise InvalidArgumentError(
             f"{name}: output_tensor_lists must hold one list per input array ({len(bufs)})"
         )
-    total = g.size * len(bufs)
+    total = channel.size * len(bufs)
     out_lists = []
     for i, outs in enumerate(output_tensor_lists):
         label = f"output_tensor_lists[{i}]"
@@ -136,7 +147,7 @@ def all_gather_multigpu(output_tensor_lists: Sequence[Sequence[Any]], input_tens
         if any(o.device != bufs[i].device for o in out_bufs):
             raise InvalidArrayError(f"{name}: the arrays of {label} must be on the GPU of input_tensor_list[{i}]")
         out_lists.append(out_bufs)
-    return _finish(channel, channel.start_all_gather_multigpu(out_lists, bufs), async_op)
+    return _finish(channel.start_all_gather_multigpu(out_lists, bufs), async_op)
 
 
 __all__ = ["all_gather_multigpu", "all_reduce_multigpu", "broadcast_multigpu", "reduce_multigpu"]
