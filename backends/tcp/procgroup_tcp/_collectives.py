@@ -14,7 +14,6 @@ outgoing chunk at the same time: network, reduction and sending overlap.
 from __future__ import annotations
 
 import numpy as np
-
 from procgroup.algorithms import ring
 from procgroup.backend import DataChannel
 from procgroup.ops import ReduceOp, finish_average, reduce_into

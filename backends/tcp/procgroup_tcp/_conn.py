@@ -51,11 +51,11 @@ class PeerEvents(abc.ABC):
         """Where the payload of a frame from ``src`` lands."""
 
     @abc.abstractmethod
-    def peer_left(self, peer: "Peer") -> None:
+    def peer_left(self, peer: Peer) -> None:
         """``peer`` said goodbye (a clean close); what it sent before is delivered."""
 
     @abc.abstractmethod
-    def peer_failed(self, peer: "Peer", exc: PeerError) -> None:
+    def peer_failed(self, peer: Peer, exc: PeerError) -> None:
         """``peer``'s connection broke without a goodbye."""
 
 
@@ -103,7 +103,7 @@ def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
             listener.settimeout(min(remaining, 1.0))
             try:
                 conn, _ = listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             conn.settimeout(max(deadline - time.monotonic(), 0.1))
             try:
@@ -223,20 +223,19 @@ class Peer:
             self._seq_out += 1
             try:
                 _send_all(self.sock, header, view)
-            except socket.timeout:
+            except TimeoutError:
                 # part of the frame may be out: the stream cannot be trusted any more
-                err = CommTimeoutError(
-                    f"send to rank {self.global_rank} timed out after {self.timeout}s (it is not reading)",
-                    op="send", ranks=[self.global_rank])
                 self.events.peer_failed(self, PeerError(
                     f"rank {self.global_rank} stopped reading: a send to it timed out after {self.timeout}s",
                     rank=self.global_rank))
-                raise err from None
+                raise CommTimeoutError(
+                    f"send to rank {self.global_rank} timed out after {self.timeout}s (it is not reading)",
+                    op="send", ranks=[self.global_rank]) from None
             except OSError as exc:
-                err = PeerError(f"rank {self.global_rank} is unreachable: connection lost while sending ({exc})",
-                                rank=self.global_rank)
-                self.events.peer_failed(self, err)
-                raise err from None
+                lost = PeerError(f"rank {self.global_rank} is unreachable: connection lost while sending ({exc})",
+                                 rank=self.global_rank)
+                self.events.peer_failed(self, lost)
+                raise lost from None
 
     def fail_pending_sends(self, exc: BaseException) -> None:
         self._send_error = exc
@@ -303,7 +302,7 @@ class Peer:
         while got < total:
             try:
                 n = self.sock.recv_into(view[got:], total - got)
-            except socket.timeout:
+            except TimeoutError:
                 if at_boundary and got == 0 and not self._closing:
                     continue
                 raise PeerError(
@@ -325,16 +324,15 @@ class Peer:
     def close(self) -> None:
         """Say goodbye (unless the peer is gone) and close the socket."""
         self._closing = True
-        if not self.left and self._send_error is None:
-            # a sender stuck on a dead peer must not hold up teardown for long
-            if self._send_lock.acquire(timeout=1.0):
-                try:
-                    self.sock.settimeout(1.0)
-                    self.sock.sendall(_wire.pack_header(_wire.KIND_GOODBYE, b"B", 0, self._seq_out, 0))
-                except OSError:
-                    pass
-                finally:
-                    self._send_lock.release()
+        # a sender stuck on a dead peer must not hold up teardown for long
+        if not self.left and self._send_error is None and self._send_lock.acquire(timeout=1.0):
+            try:
+                self.sock.settimeout(1.0)
+                self.sock.sendall(_wire.pack_header(_wire.KIND_GOODBYE, b"B", 0, self._seq_out, 0))
+            except OSError:
+                pass
+            finally:
+                self._send_lock.release()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -10,10 +10,10 @@ Sizes and dtypes must match exactly; a mismatch fails that receive only.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-
 from procgroup.backend import CompletedWork, Work, fresh
 from procgroup.errors import CommTimeoutError, InvalidArrayError
 
@@ -25,7 +25,7 @@ def check_size(nbytes: int, dtype_char: bytes, view: memoryview, dtype: np.dtype
     if nbytes == view.nbytes and (dtype_char == dtype_code(dtype) or dtype_of(dtype_char) == dtype):
         return
     raise InvalidArrayError(
-        f"message from rank {sender} has {nbytes} bytes of dtype {dtype_of(dtype_char)} but the receive "
+        f"message from rank {sender} has {nbytes} bytes of dtype {dtype_of(dtype_char)!s} but the receive "
         f"buffer has {view.nbytes} bytes of dtype {dtype}; size and dtype must match"
     )
 
@@ -40,9 +40,9 @@ class PostedRecv(Work):
     """
 
     op = "irecv"
-    __slots__ = ("_matcher", "view", "src", "tag", "dtype", "done", "sender", "error")
+    __slots__ = ("_matcher", "done", "dtype", "error", "sender", "src", "tag", "view")
 
-    def __init__(self, matcher: "Matcher", view: memoryview, src: int | None, tag: int, dtype: np.dtype) -> None:
+    def __init__(self, matcher: Matcher, view: memoryview, src: int | None, tag: int, dtype: np.dtype) -> None:
         self._matcher = matcher
         self.view = view
         self.src = src
@@ -102,7 +102,7 @@ class PostedRecv(Work):
 class Unexpected:
     """A frame that arrived before its receive was posted; its payload is kept here."""
 
-    __slots__ = ("src", "tag", "data", "dtype_char", "done", "error")
+    __slots__ = ("data", "done", "dtype_char", "error", "src", "tag")
 
     def __init__(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> None:
         self.src = src
@@ -113,7 +113,7 @@ class Unexpected:
         self.error: BaseException | None = None
 
     def admit(self, nbytes: int, dtype_char: bytes, sender: int) -> memoryview:
-        return memoryview(self.data)
+        return memoryview(self.data)  # type: ignore[arg-type]
 
     def finish(self, sender: int, error: BaseException | None = None) -> None:
         self.error = error
@@ -177,7 +177,7 @@ class Matcher:
         if ux.error is not None:
             raise fresh(ux.error)
         check_size(ux.data.nbytes, ux.dtype_char, view, dtype, self.global_rank(ux.src))
-        view[:] = memoryview(ux.data)
+        view[:] = memoryview(ux.data)  # type: ignore[arg-type]
 
     def cancel(self, req: PostedRecv) -> bool:
         """Withdraw a receive no frame has matched yet; False when one has."""

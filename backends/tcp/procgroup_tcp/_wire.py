@@ -53,7 +53,7 @@ def unpack_hello(buf: bytes, size: int, group_id: int) -> int:
 
 def byte_view(array: np.ndarray) -> memoryview:
     """A flat byte view of a C-contiguous NumPy array (writable if it is), no copy."""
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 _DTYPE_CODES: dict[np.dtype, bytes] = {}

@@ -18,9 +18,17 @@ sockets (the base's algorithms, and all_reduce's pipelined ring for large arrays
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from procgroup.backend import ChannelContext, CompletedWork, DataChannel, FutureWork, Work, host_address
+from procgroup.backend import (
+    ChannelContext,
+    CompletedWork,
+    DataChannel,
+    FutureWork,
+    Work,
+    host_address,
+)
 from procgroup.errors import ChannelClosedError, PeerError
 from procgroup.ops import ReduceOp
 
