@@ -219,10 +219,10 @@ def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, ti
     return g
 
 
-def group_channel(group: Any = None) -> DataChannel:
+def group_channel(group: Any = None, op: str = "group_channel") -> DataChannel:
     """The DataChannel of ``group`` (default: the world), for a backend's own calls
-    (nccl's *_multigpu, say); raises when this process is not a member."""
-    return _state.group_channel(group, "group_channel")
+    (nccl's *_multigpu, say); raises, naming ``op``, when this process is not a member."""
+    return _state.group_channel(group, op)
 
 
 # --------------------------------------------------------------------- the local group

@@ -13,7 +13,6 @@ Entries are pygloo's names, looked up when an op first runs (pygloo is imported 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from procgroup.backend import ReduceTable
@@ -42,9 +41,7 @@ TABLE = ReduceTable(
 )
 
 
-#: TABLE.lower behind a plain cache: it runs on every reducing call, and this is about
-#: 3x cheaper than the table's own (dtype normalization + an LRU cache).
-lower = functools.cache(TABLE.lower)
+lower = TABLE.lower
 
 
 __all__ = ["TABLE", "lower"]

@@ -518,8 +518,7 @@ class NcclChannel(DataChannel):
             self._multi_seq = 0
             if self._aborted:
                 self._aborted = False
-                with self._state_lock:  # no SDK call forgets a failure: the new communicator heals it
-                    self._failure = None
+                self.clear_failure()  # the new communicator heals it
             return len(comms)
 
     def do_close(self) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import procgroup
 from procgroup import arrays
-from procgroup.backend import DataChannel, Work
+from procgroup.backend import Work
 from procgroup.errors import (
     InvalidArgumentError,
     InvalidArrayError,
@@ -29,22 +29,12 @@ def _channel(group: Any, op: str) -> Any:
     """The NcclChannel of ``group``; a clear error for any other backend."""
     from .channel import NcclChannel
 
-    channel = procgroup.group_channel(group)
+    channel = procgroup.group_channel(group, op)
     if not isinstance(channel, NcclChannel):
         raise UnsupportedOperationError(
             f"{op}: needs a group of backend 'nccl'; this group's backend is {channel.backend_name!r}"
         )
     return channel
-
-
-def _group_rank(channel: DataChannel, rank: int, what: str) -> int:
-    """The channel rank of world rank ``rank`` (given as ``what``, e.g. "src")."""
-    world = channel.ctx.global_ranks or tuple(range(channel.size))
-    if isinstance(rank, bool) or not isinstance(rank, int):
-        raise InvalidArgumentError(f"{what} must be an int rank, got {rank!r}")
-    if rank not in world:
-        raise InvalidArgumentError(f"{what}={rank} is not a rank of this group (its world ranks are {list(world)})")
-    return world.index(rank)
 
 
 def _count(items: Any, name: str, op: str) -> int:
@@ -95,7 +85,7 @@ def broadcast_multigpu(tensor_list: Sequence[Any], src: int, group: Any = None, 
     """Every array of every process gets ``tensor_list[src_tensor]`` of world rank ``src``."""
     op = "broadcast_multigpu"
     channel = _channel(group, op)
-    root = _group_rank(channel, src, "src")
+    root = channel.ctx.channel_rank(src, "src")
     idx = _index(src_tensor, _count(tensor_list, "tensor_list", op), "src_tensor", op)
     bufs = _buffers(tensor_list, "tensor_list", op, writable=True)
     return _finish(channel.start_broadcast_multigpu(bufs, root * len(bufs) + idx), async_op)
@@ -116,7 +106,7 @@ def reduce_multigpu(tensor_list: Sequence[Any], dst: int, op: ReduceOp = ReduceO
     """Reduce all arrays into ``tensor_list[dst_tensor]`` of world rank ``dst``."""
     name = "reduce_multigpu"
     channel = _channel(group, name)
-    root = _group_rank(channel, dst, "dst")
+    root = channel.ctx.channel_rank(dst, "dst")
     idx = _index(dst_tensor, _count(tensor_list, "tensor_list", name), "dst_tensor", name)
     bufs = _buffers(tensor_list, "tensor_list", name, writable=channel.rank == root)
     check_op_dtype(op, bufs[0].dtype)

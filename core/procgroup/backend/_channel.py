@@ -252,6 +252,12 @@ class DataChannel(abc.ABC):
         log.error("procgroup %s: %s", self.backend_name or "channel", exc)
         return True
 
+    def clear_failure(self) -> None:
+        """Forget the recorded failure once the backend has healed itself (nccl builds a new
+        communicator after _clear_group_cache); ranks must agree that it has."""
+        with self._state_lock:
+            self._failure = None
+
     def check_usable(self) -> None:
         """Raise ChannelClosedError after close(), or the error that broke the channel."""
         if self._closed:

@@ -59,6 +59,16 @@ class ChannelContext:
         """The world rank of channel rank ``rank`` (for error messages)."""
         return self.global_ranks[rank] if self.global_ranks else rank
 
+    def channel_rank(self, global_rank: int, what: str = "rank") -> int:
+        """The channel rank of world rank ``global_rank`` (given as ``what``, e.g. "src")."""
+        from ..errors import InvalidArgumentError
+
+        world = self.global_ranks or tuple(range(self.size))
+        if isinstance(global_rank, bool) or not isinstance(global_rank, int) or global_rank not in world:
+            raise InvalidArgumentError(
+                f"{what}={global_rank!r} is not a rank of this group (its world ranks are {list(world)})")
+        return world.index(global_rank)
+
 
 __all__ = [
     "ALL_OPS",

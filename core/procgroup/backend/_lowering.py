@@ -13,7 +13,6 @@ with a reason, the same way for every backend:
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -61,9 +60,22 @@ class ReduceTable:
     #: looked up in a library imported lazily); entries are used as they are by default.
     resolve: Callable[[Any], Any] = _resolve_identity
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_plans", {})
+
     def lower(self, dtype: Any, op: ReduceOp) -> Lowered | None:
-        """The plan for reducing ``dtype`` with ``op``, or None when the backend cannot."""
-        return _lower(self, np.dtype(dtype), op)
+        """The plan for reducing ``dtype`` with ``op``, or None when the backend cannot.
+
+        Cached per table on (dtype, op) as given: it runs on every reducing call.
+        """
+        plans: dict[tuple[Any, ReduceOp], Lowered | None] = self._plans  # type: ignore[attr-defined]
+        try:
+            return plans[dtype, op]
+        except KeyError:
+            plan = plans[dtype, op] = _lower(self, np.dtype(dtype), op)
+            return plan
+        except TypeError:  # an unhashable dtype-like
+            return _lower(self, np.dtype(dtype), op)
 
     def why_not(self, dtype: Any, op: ReduceOp) -> str:
         """Why :meth:`lower` returned None, in words for an error message."""
@@ -89,7 +101,6 @@ class ReduceTable:
         return plan
 
 
-@functools.lru_cache(maxsize=1024)
 def _lower(table: ReduceTable, dt: np.dtype, op: ReduceOp) -> Lowered | None:
     if not dt.isnative:
         return None
