@@ -1,18 +1,47 @@
 #!/usr/bin/env bash
-# Create .venv (CPython 3.10) and install procgroup, every backend that can install here,
-# and the test tools, all editable. Safe to re-run.
+# Usage: scripts/setup-dev.sh [VERSION...]
+# Create the development venvs and install procgroup, every backend that can install
+# there, and the test tools, all editable. Safe to re-run.
+#
+# Versions (X.Y): the arguments, else $PROCGROUP_TEST_PYTHONS, else "3.13 3.10":
+#   3.13 -> .venv313  the newest CPython procgroup supports: the default environment
+#   3.10 -> .venv     the pygloo leg: pygloo (the gloo backend) has CPython 3.8-3.10 wheels only
+#   X.Y  -> .venvXY   any other version
+# Each interpreter is found by scripts/find-python.sh (PATH, then pyenv; override with
+# PROCGROUP_PYTHON_3_13=/path/to/python3.13 and so on); a missing one is an error that
+# says how to get it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py=$(scripts/find-python310.sh)
-if [ ! -x .venv/bin/python ]; then
-  "$py" -m venv .venv
-fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]" -e backends/tcp
-# mpi brings the mpich wheel (a working mpiexec from pip alone); gloo needs pygloo
-# (CPython 3.8-3.10 wheels); nccl brings cupy and the NCCL runtime wheels: without a GPU
-# the backend is listed as unavailable, and its tests that need no GPU still run.
-[ -f backends/mpi/pyproject.toml ] && .venv/bin/python -m pip install -q -e "backends/mpi[mpich]"
-[ -f backends/gloo/pyproject.toml ] && .venv/bin/python -m pip install -q -e backends/gloo
-[ -f backends/nccl/pyproject.toml ] && .venv/bin/python -m pip install -q -e "backends/nccl[cuda]"
-echo "procgroup dev environment ready: $(.venv/bin/python --version) in .venv"
+source scripts/pythons.sh
+versions=("$@")
+[ ${#versions[@]} -gt 0 ] || read -r -a versions <<<"${PROCGROUP_TEST_PYTHONS:-$PROCGROUP_DEFAULT_PYTHONS}"
+
+# Find every interpreter first, so a missing one is reported before anything is installed.
+declare -A pys=()
+for ver in "${versions[@]}"; do
+  pys[$ver]=$(bash scripts/find-python.sh "$ver" "$(procgroup_python_why "$ver")")
+done
+
+for ver in "${versions[@]}"; do
+  venv=$(procgroup_venv "$ver")
+  py=${pys[$ver]}
+  if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -c \
+      "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$ver'.split('.'))))" 2>/dev/null; then
+    echo "error: $venv exists but is not CPython $ver; remove it and re-run" >&2
+    exit 1
+  fi
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  pip=("$venv/bin/python" -m pip)
+  "${pip[@]}" install -q --upgrade pip
+  "${pip[@]}" install -q -e ".[test]" -e backends/tcp
+  # mpi brings the mpich wheel (a working mpiexec from pip alone). gloo installs on every
+  # version, but its pygloo dependency only where pygloo has wheels (CPython 3.8-3.10,
+  # x86-64 Linux): elsewhere gloo is listed as unavailable and its tests skip, saying why.
+  # nccl brings cupy and the NCCL runtime wheels: without a GPU the backend is listed as
+  # unavailable, and its tests that need no GPU still run.
+  [ -f backends/mpi/pyproject.toml ] && "${pip[@]}" install -q -e "backends/mpi[mpich]"
+  [ -f backends/gloo/pyproject.toml ] && "${pip[@]}" install -q -e backends/gloo
+  [ -f backends/nccl/pyproject.toml ] && "${pip[@]}" install -q -e "backends/nccl[cuda]"
+  gloo=$("$venv/bin/python" -c 'import pygloo' >/dev/null 2>&1 && echo "with pygloo" || echo "without pygloo")
+  echo "procgroup dev environment ready: $("$venv/bin/python" --version) in $venv ($gloo)"
+done

@@ -1,11 +1,38 @@
 #!/usr/bin/env bash
-# Install the development environment (CPython 3.10 venv in .venv) and run every test.
-# Extra arguments go to pytest, e.g. scripts/test.sh tests/test_backend_tcp.py -x
+# Install the development environment and run every test, once per Python leg:
+#   3.13 (.venv313): the newest supported CPython; the gloo tests skip there (no pygloo wheel)
+#   3.10 (.venv):    the pygloo leg, where the gloo tests run
+# Each leg runs the whole suite (about 5 minutes each on 2 cores, see docs/install.md).
+# Extra arguments go to pytest on every leg, e.g. scripts/test.sh tests/test_backend_tcp.py -x
+# PROCGROUP_TEST_PYTHONS picks the legs, e.g. PROCGROUP_TEST_PYTHONS=3.10 scripts/test.sh
+# A failing leg does not stop the next one; the exit status is non-zero when any leg failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup-dev.sh
+source scripts/pythons.sh
+read -r -a versions <<<"${PROCGROUP_TEST_PYTHONS:-$PROCGROUP_DEFAULT_PYTHONS}"
+[ ${#versions[@]} -gt 0 ] || { echo "error: PROCGROUP_TEST_PYTHONS is empty" >&2; exit 2; }
+bash scripts/setup-dev.sh "${versions[@]}"
 # the multi-host tests build network namespaces with iproute2 (skipped, with a reason, without it)
 if ! command -v ip >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq iproute2) >/dev/null 2>&1 || echo "note: could not install iproute2"
 fi
-exec .venv/bin/python -m pytest "$@"
+
+logdir=$(mktemp -d)
+trap 'rm -rf "$logdir"' EXIT
+summary=()
+failed=0
+for ver in "${versions[@]}"; do
+  venv=$(procgroup_venv "$ver")
+  echo "=== procgroup tests on $("$venv/bin/python" --version) ($venv)"
+  start=$SECONDS
+  rc=0
+  "$venv/bin/python" -m pytest "$@" 2>&1 | tee "$logdir/$ver.log" || rc=$?
+  # pytest's last line: "==== 410 passed, 12 skipped in 250.31s (0:04:10) ====" (no "=" with -q)
+  result=$(grep -E '(passed|failed|skipped|deselected|error|errors|no tests ran).* in [0-9.]+s' "$logdir/$ver.log" \
+    | tail -n 1 | sed -E 's/^=+ //; s/ =+$//' || true)
+  summary+=("CPython $ver ($venv): ${result:-no pytest summary} -> exit $rc, $((SECONDS - start)) s")
+  [ "$rc" = 0 ] || failed=1
+done
+echo "=== summary"
+printf '%s\n' "${summary[@]}"
+exit "$failed"
