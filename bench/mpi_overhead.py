@@ -6,10 +6,13 @@ Run with 2 ranks (re-launches itself under mpiexec when started plainly)::
 
 Both sides run in the same job, interleaved round by round so machine noise hits them
 alike: raw ``comm.Allreduce(MPI.IN_PLACE, a)``, raw ``Iallreduce`` + ``Test`` polling
-(the strategy procgroup uses so that calls can time out), ``MpiChannel.all_reduce``
-(the backend alone) and ``procgroup.all_reduce`` (public API: the core's validation +
-the channel). Rank 0 prints medians and ratios as a Markdown
-table (ratio = procgroup time / raw time; bandwidth ratio = raw time / procgroup time).
+(the strategy procgroup uses so that calls can time out), the channel's blocking
+all_reduce (``channel.blocking("all_reduce")``, the backend alone: ``do_all_reduce``),
+the channel's started form waited on (``channel.start("all_reduce", ...).wait()``: what
+every other blocking op and ``async_op=True`` run) and ``procgroup.all_reduce`` (public
+API: the core's validation + the channel). Rank 0 prints medians and ratios as a
+Markdown table (ratio = procgroup time / raw time; bandwidth ratio = raw time /
+procgroup time).
 """
 
 from __future__ import annotations
@@ -61,16 +64,18 @@ def main(argv: list[str]) -> None:
     def ours(a: np.ndarray) -> None:
         pg.all_reduce(a)
 
-    channel = pg._api._resolve(None).channel
-    if channel is None:
-        raise SystemExit("procgroup's world group has no channel")
+    channel = pg.group_channel()
+    channel_all_reduce = channel.blocking("all_reduce")  # what the core's fast path calls
     SUM = pg.ReduceOp.SUM
 
     def backend(a: np.ndarray) -> None:
-        channel.all_reduce(a, SUM)
+        channel_all_reduce(a, SUM)
+
+    def started(a: np.ndarray) -> None:
+        channel.start("all_reduce", a, SUM).wait()
 
     variants: dict[str, Callable[[np.ndarray], None]] = {
-        "raw": raw, "raw_poll": raw_poll, "backend": backend, "procgroup": ours,
+        "raw": raw, "raw_poll": raw_poll, "backend": backend, "start_wait": started, "procgroup": ours,
     }
     rows = []
     # latency: 8 bytes (one float64), many calls per round, median of per-round means
@@ -84,9 +89,10 @@ def main(argv: list[str]) -> None:
     if rank == 0:
         print(f"# all_reduce SUM, 2 ranks, {MPI.Get_library_version().splitlines()[0].strip()}, mpi4py "
               f"{__import__('mpi4py').__version__}")
-        print("| size | raw mpi4py Allreduce | raw Iallreduce+Test | MpiChannel.all_reduce | procgroup.all_reduce "
-              "| channel/raw time | procgroup/raw time | procgroup/raw bandwidth |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| size | raw mpi4py Allreduce | raw Iallreduce+Test | channel blocking all_reduce "
+              "| channel start+wait | procgroup.all_reduce | channel/raw time | procgroup/raw time "
+              "| procgroup/raw bandwidth |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for label, med in rows:
             nbytes = 8 if label == "8 B" else 64 * 2**20
 
@@ -96,7 +102,7 @@ def main(argv: list[str]) -> None:
             def bw(s: float, nbytes: int = nbytes) -> float:
                 return nbytes / s / 2**30
             print(f"| {label} | {fmt(med['raw'])} ({bw(med['raw']):.3g} GiB/s) | {fmt(med['raw_poll'])} | "
-                  f"{fmt(med['backend'])} | {fmt(med['procgroup'])} ({bw(med['procgroup']):.3g} GiB/s) | "
+                  f"{fmt(med['backend'])} | {fmt(med['start_wait'])} | {fmt(med['procgroup'])} ({bw(med['procgroup']):.3g} GiB/s) | "
                   f"{med['backend'] / med['raw']:.2f}x | {med['procgroup'] / med['raw']:.2f}x | "
                   f"{med['raw'] / med['procgroup']:.2f}x |")
     comm.Free()

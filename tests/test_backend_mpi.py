@@ -41,15 +41,29 @@ def _launcher_env() -> tuple[int, int]:
 def _discover(rank: int, size: int) -> dict[str, Any]:
     """Init with no init_method/rank/size, then with arguments that contradict mpiexec."""
     import procgroup as pg
-    from procgroup.errors import InvalidArgumentError
+    from procgroup.errors import ChannelClosedError, InvalidArgumentError
 
     out: dict[str, Any] = {"env": _launcher_env()}
+    hook = sys.excepthook
     pg.init_process_group("mpi", timeout=60)
+    out["hook_installed"] = sys.excepthook is not hook  # mpiexec's world is procgroup's
     out["found"] = (pg.get_rank(), pg.get_world_size())
     arr = np.full(3, pg.get_rank() + 1.0)
     pg.all_reduce(arr)
     out["sum"] = float(arr[0])
+    ch = pg.group_channel()
     pg.destroy_process_group()
+    out["hook_restored"] = sys.excepthook is hook
+    closed = {}
+    for name, call in (("all_reduce", lambda: ch.run("all_reduce", np.ones(2), pg.ReduceOp.SUM)),
+                       ("broadcast", lambda: ch.start("broadcast", np.ones(2), 0)),
+                       ("send", lambda: ch.send(np.ones(2), (rank + 1) % size, 5))):
+        try:
+            call()
+            closed[name] = "no error"
+        except ChannelClosedError as exc:
+            closed[name] = str(exc)
+    out["closed"] = closed
     errors = {}
     for name, kw in (("world_size", {"world_size": size + 1}), ("rank", {"rank": (rank + 1) % (size + 1)})):
         try:
@@ -78,6 +92,9 @@ def test_discover_world_under_mpiexec() -> None:
         assert "world_size=4 contradicts" in res["errors"]["world_size"], res
         assert f"which says world_size={size}" in res["errors"]["world_size"], res
         assert "rank" in res["errors"]["rank"] and "contradicts" in res["errors"]["rank"], res
+        assert res["hook_installed"] is True and res["hook_restored"] is True, res
+        for name, msg in res["closed"].items():
+            assert "the mpi channel is closed" in msg, (name, msg)
 
 
 def _singleton(rank: int, size: int) -> dict[str, Any]:
@@ -117,13 +134,13 @@ def _mpi_specific(rank: int, size: int) -> dict[str, Any]:
     """Tags over TAG_UB, the collective tag space, nested groups, buffer layouts, dtypes."""
     import procgroup as pg
     from mpi4py import MPI
-    from procgroup.channel import DataChannel
+    from procgroup.backend import DataChannel
     from procgroup.ops import ReduceOp
 
-    ch = pg._api._resolve(None).channel
-    out: dict[str, Any] = {"tag_ub": int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)), "mask": ch._mask}
+    ch = pg.group_channel()
+    out: dict[str, Any] = {"tag_ub": int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)), "mask": ch._routes.mask}
     # user tags above MPI_TAG_UB stay distinct: sent in one order, received in reverse
-    tags = sorted({0, 7, ch._mask, ch._mask + 1, 2**30 + 3, 2**31 - 1})
+    tags = sorted({0, 7, ch._routes.mask, ch._routes.mask + 1, 2**30 + 3, 2**31 - 1})
     if rank == 0:
         for i, t in enumerate(tags):
             pg.send(np.full(2, i, dtype=np.int64), 1, tag=t)
@@ -151,9 +168,9 @@ def _mpi_specific(rank: int, size: int) -> dict[str, Any]:
         out["sizes"] = sizes
     # the default algorithms (send/recv on tags >= 2**40) route through the collective comm
     arr = np.full(1001, rank + 1, dtype=np.float64)
-    DataChannel.all_reduce(ch, arr, ReduceOp.SUM)
+    DataChannel.do_all_reduce(ch, arr, ReduceOp.SUM)
     bc = np.full(5, rank, dtype=np.int32)
-    DataChannel.broadcast(ch, bc, size - 1)
+    DataChannel.do_broadcast(ch, bc, size - 1)
     out["generic"] = bool((arr == size * (size + 1) / 2).all() and (bc == size - 1).all())
     # list arguments as views of one buffer (adjacent) and as separate arrays
     big = np.zeros((size, 6), dtype=np.float32)
@@ -278,7 +295,11 @@ def _file_rendezvous(rank: int, size: int, names: list[str], tmpdir: str) -> dic
     """The checks that need a shared Store, with file:// under mpiexec."""
     from procgroup.testing import _checks
 
-    return _checks.run_all(rank, size, {"backend": "mpi", "tmpdir": tmpdir}, names)
+    results = _checks.run_all(rank, size, {"backend": "mpi", "tmpdir": tmpdir}, names)
+    # an explicit init_method: procgroup's world is not mpiexec's, the excepthook stays
+    hook = sys.excepthook
+    results["excepthook"] = f"replaced by {hook!r}" if "abort_on_exception" in getattr(hook, "__qualname__", "") else None
+    return results
 
 
 def test_file_rendezvous_side_group(tmp_path: Any) -> None:
@@ -307,7 +328,7 @@ def _cuda_aware_direct(rank: int, size: int) -> dict[str, Any]:
 
     FakeGpuArray = _sized_fake_gpu()
 
-    ch = pg._api._resolve(None).channel
+    ch = pg.group_channel()
     a = FakeGpuArray(np.full(7, rank + 1, dtype=np.float32))
     pg.all_reduce(a)
     b = FakeGpuArray(np.full(3, rank, dtype=np.int64))

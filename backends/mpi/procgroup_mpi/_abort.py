@@ -3,18 +3,20 @@
 Without this, the other ranks of an mpiexec job would sit in their next collective
 until the timeout (or forever in code outside procgroup). ``python -m mpi4py script.py``
 does the same: print the traceback, then ``MPI_Abort``, which makes mpiexec kill every
-rank. Installed by the world channel when the world has more than one rank; opt out
-with ``PROCGROUP_MPI_ABORT_ON_EXCEPTION=0``.
+rank. Installed when mpiexec's world becomes procgroup's (``MpiChannel.discover_store``,
+i.e. ``init_process_group("mpi")`` without an init method, more than one rank); removed
+when that world's channel closes. Opt out with ``PROCGROUP_MPI_ABORT_ON_EXCEPTION=0``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from types import TracebackType
 from typing import Any
+
+from procgroup.backend import env_flag
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,7 @@ _installed: Any = None
 
 def wanted() -> bool:
     """False when $PROCGROUP_MPI_ABORT_ON_EXCEPTION says 0/false/no/off."""
-    return os.environ.get(ENV_ABORT, "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_flag(ENV_ABORT, True)
 
 
 def install(comm: Any) -> None:

@@ -2,19 +2,24 @@
 
 MPICH (4+) and Open MPI both export ``MPIX_Query_cuda_support()``; it answers whether
 the library was built with CUDA *and* it is enabled at run time. mpi4py loads libmpi
-itself, so the symbol is looked up in the libmpi mapped into this process.
-``PROCGROUP_MPI_CUDA_AWARE=1|0`` overrides the answer (e.g. an MPI without the query).
+itself, so the symbol is looked up in the libmpi mapped into this process. The option
+``cuda_aware`` or ``PROCGROUP_MPI_CUDA_AWARE=1|0`` overrides the answer (e.g. an MPI
+without the query).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
+from collections.abc import Mapping
+from typing import Any
+
+from procgroup.backend import env_flag, setting
 
 log = logging.getLogger(__name__)
 
 ENV_CUDA_AWARE = "PROCGROUP_MPI_CUDA_AWARE"
+OPTION_CUDA_AWARE = "cuda_aware"
 
 
 def _loaded_libmpi() -> list[str]:
@@ -25,11 +30,8 @@ def _loaded_libmpi() -> list[str]:
         return []
 
 
-def cuda_aware() -> bool:
-    """True when device pointers may be passed to MPI calls."""
-    forced = os.environ.get(ENV_CUDA_AWARE)
-    if forced is not None and forced.strip():
-        return forced.strip().lower() in ("1", "true", "yes", "on")
+def _query() -> bool:
+    """MPIX_Query_cuda_support() of the loaded libmpi; False when no library answers."""
     for path in _loaded_libmpi():
         try:
             query = ctypes.CDLL(path).MPIX_Query_cuda_support
@@ -46,4 +48,12 @@ def cuda_aware() -> bool:
     return False
 
 
-__all__ = ["ENV_CUDA_AWARE", "cuda_aware"]
+def cuda_aware(options: Mapping[str, Any] | None = None) -> bool:
+    """True when device pointers may be passed to MPI calls."""
+    forced, _ = setting(OPTION_CUDA_AWARE, ENV_CUDA_AWARE, "", options)
+    if forced:
+        return env_flag(ENV_CUDA_AWARE, False, name=OPTION_CUDA_AWARE, options=options)
+    return _query()
+
+
+__all__ = ["ENV_CUDA_AWARE", "OPTION_CUDA_AWARE", "cuda_aware"]

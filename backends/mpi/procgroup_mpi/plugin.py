@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import importlib.util
 
-from procgroup.hookspecs import BackendSpec, hookimpl
+from procgroup.backend import BackendSpec, DataChannel, hookimpl
 
 
-def _load() -> type:
+def _load() -> type[DataChannel]:
     from .channel import MpiChannel
 
     return MpiChannel
 
 
-def _available() -> str | None:
+def _unavailable() -> str | None:
     """Why the backend cannot run here, or None; cheap: finds mpi4py without importing MPI."""
     if importlib.util.find_spec("mpi4py") is None:
         return "mpi4py is not installed (pip install 'procgroup-mpi[mpich]')"
@@ -32,7 +32,10 @@ def procgroup_backends() -> list[BackendSpec]:
             loader=_load,
             # A CUDA-aware MPI adds "cuda" on the channel instance (MpiChannel.devices).
             devices=("cpu",),
-            available=_available,
+            unavailable=_unavailable,
             description="MPI via mpi4py: native collectives; ranks found from mpiexec",
         )
     ]
+
+
+__all__ = ["procgroup_backends"]
