@@ -50,7 +50,7 @@ out["pre"] = {
 
 pg.init_process_group(timeout=60)  # env:// + PROCGROUP_BACKEND from procgroup-run
 rank = pg.get_rank()
-out["auto_local_group"] = comm._LOCAL_PROCESS_GROUP is not None  # made by init_process_group
+out["auto_local_group"] = isinstance(comm.get_local_process_group(), pg.Group)  # made by init_process_group
 comm.maybe_create_local_group_from_env()  # idempotent (collective-safe no-op if made)
 comm.create_local_process_group(2)        # same size again: no-op
 out["rank"] = rank
