@@ -88,9 +88,13 @@ class DataChannel(abc.ABC):
     #: op -> (do form, start form); computed once per class.
     _forms: dict[str, tuple[bool, bool]] = {}
 
+    #: True when some collective runs on the ordered thread when started (a do_ form only)
+    _queues: bool = True
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._forms = _forms(cls)
+        cls._queues = any(not cls._forms[op][1] for op in OPS if op not in _P2P)
 
     @classmethod
     def discover_world(cls) -> tuple[int, int] | None:
@@ -166,7 +170,7 @@ class DataChannel(abc.ABC):
         has_do, has_start = self._forms[op]
         if has_do:
             fn = getattr(self, f"do_{op}")
-            if op in _P2P:
+            if op in _P2P or not self._queues:  # nothing can be queued ahead of it
                 return fn
             executor = self._executor
 
