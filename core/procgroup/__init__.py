@@ -34,6 +34,16 @@ from ._ops import (
     send,
 )
 from .backend import BackendSpec, ChannelContext, DataChannel, Work, hookimpl
+from .errors import (
+    AuthenticationError,
+    ChannelClosedError,
+    CommTimeoutError,
+    InvalidArgumentError,
+    InvalidArrayError,
+    MismatchError,
+    PeerError,
+    ProcGroupError,
+)
 from .groups import Group, GroupMember, group
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from .ops import ReduceOp, reduce_op
@@ -54,12 +64,20 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "AuthenticationError",
     "Backend",
     "BackendSpec",
+    "ChannelClosedError",
     "ChannelContext",
+    "CommTimeoutError",
     "DataChannel",
     "Group",
     "GroupMember",
+    "InvalidArgumentError",
+    "InvalidArrayError",
+    "MismatchError",
+    "PeerError",
+    "ProcGroupError",
     "ReduceOp",
     "Work",
     "__version__",

@@ -79,14 +79,30 @@ class ChannelClosedError(ProcGroupError, RuntimeError):
     """The DataChannel was closed (destroy_process_group) while the call was pending."""
 
 
+class AuthenticationError(ProcGroupError, PermissionError):
+    """The peer did not prove it holds the job's token (PROCGROUP_JOB_TOKEN), or this
+    process does not hold the token of the job it tried to join."""
+
+
+class MismatchError(ProcGroupError, RuntimeError):
+    """Ranks called different ops, or the same op with different sizes, dtypes, roots or
+    reduce ops; the message names the ranks and both sides."""
+
+    def __init__(self, message: str, *, ranks: Iterable[int] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
 __all__ = [
     "AlreadyInitializedError",
+    "AuthenticationError",
     "BackendNotFoundError",
     "BackendUnavailableError",
     "ChannelClosedError",
     "CommTimeoutError",
     "InvalidArgumentError",
     "InvalidArrayError",
+    "MismatchError",
     "NotInitializedError",
     "PeerError",
     "PluginError",

@@ -7,13 +7,15 @@ The rest is here so that no backend writes it again: the Work handles, the gener
 collectives, :class:`SubChannel` for groups, reduction lowering tables
 (:class:`ReduceTable`), one wait (:func:`poll`), settings parsing, the broken/closed
 state (:meth:`DataChannel.fail`, :meth:`DataChannel.check_usable`), and the interface
-picker (:func:`choose_address`). docs/plugins.md walks through writing one.
+picker (:func:`choose_address`), and the job-token handshake every connection starts
+with (:func:`client_handshake` / :func:`server_handshake` on ``ctx.job_key``). docs/plugins.md walks through writing one.
 
 Backends import this package, ``procgroup.errors``, ``procgroup.ops``,
 ``procgroup.arrays``, ``procgroup.rendezvous`` and ``procgroup.algorithms``, and
 nothing private.
 """
 
+from .._auth import client_handshake, job_key, server_handshake
 from ._channel import DataChannel, SubChannel, fresh, implemented_ops
 from ._context import (
     ALL_OPS,
@@ -60,6 +62,7 @@ __all__ = [
     "SubChannel",
     "Work",
     "choose_address",
+    "client_handshake",
     "env_choice",
     "env_flag",
     "env_timeout",
@@ -68,7 +71,9 @@ __all__ = [
     "hookimpl",
     "host_address",
     "implemented_ops",
+    "job_key",
     "poll",
+    "server_handshake",
     "setting",
     "timeout_seconds",
 ]

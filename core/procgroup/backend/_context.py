@@ -54,6 +54,9 @@ class ChannelContext:
     #: installed side-channel backend, picked by the core's registry. A backend whose
     #: own transport cannot do what it needs (gloo's p2p) uses it.
     open_side_channel: "Callable[[ChannelContext], DataChannel] | None" = None
+    #: The job's HMAC key (from the job token): every connection the channel opens starts
+    #: with client_handshake/server_handshake on it. None: the key of "no token".
+    job_key: bytes | None = None
 
     def global_rank(self, rank: int) -> int:
         """The world rank of channel rank ``rank`` (for error messages)."""

@@ -1,0 +1,203 @@
+"""The job token and the mutual handshake every procgroup connection starts with.
+
+Both sides prove they hold the job's secret without sending it: HMAC-SHA256 over fresh
+nonces from both ends and the connection's ``purpose`` (e.g. ``b"store"``,
+``b"tcp/g0"``), so a proof cannot be replayed on another connection or another kind of
+connection. Until the handshake succeeds a peer can make this process read only the
+fixed-size frames below (40, 64 and 33 bytes) and nothing else.
+
+::
+
+    server -> client   MAGIC (8) + server nonce (32)
+    client -> server   client nonce (32) + HMAC(key, "client" | purpose | ns | nc)
+    server -> client   status (1: 1 accepted, 0 refused) + HMAC(key, "server" | purpose | nc | ns)
+
+The message-level classes (:class:`ServerHandshake`, :class:`ClientHandshake`) serve
+event loops (the store server); :func:`server_handshake` / :func:`client_handshake`
+run them on a blocking socket with a deadline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import os
+import socket
+import threading
+import time
+
+from .errors import AuthenticationError, InvalidArgumentError
+
+log = logging.getLogger(__name__)
+
+ENV_TOKEN = "PROCGROUP_JOB_TOKEN"
+ENV_REQUIRE_TOKEN = "PROCGROUP_REQUIRE_TOKEN"
+MAGIC = b"PGAUTH1\0"
+NONCE_BYTES = 32
+MAC_BYTES = 32
+GREETING_BYTES = len(MAGIC) + NONCE_BYTES
+REPLY_BYTES = NONCE_BYTES + MAC_BYTES
+VERDICT_BYTES = 1 + MAC_BYTES
+#: An unauthenticated peer gets this long to finish the handshake.
+HANDSHAKE_TIMEOUT_S = 10.0
+#: Tokens longer than this are refused (they are read from env and files).
+MAX_TOKEN_BYTES = 4096
+
+_warned = threading.Event()
+
+
+def job_key(token: str | bytes | None) -> bytes:
+    """The HMAC key of a job token (an empty token gives the key of "no token")."""
+    raw = token.encode() if isinstance(token, str) else (token or b"")
+    if len(raw) > MAX_TOKEN_BYTES:
+        raise InvalidArgumentError(f"the job token is {len(raw)} bytes long; at most {MAX_TOKEN_BYTES} are allowed")
+    return hashlib.sha256(b"procgroup job token\0" + raw).digest()
+
+
+def new_token() -> str:
+    """A fresh random job token (what procgroup-run and file:// make)."""
+    return os.urandom(24).hex()
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host or host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_token(token: str | bytes | None, master_addr: str | None, *, where: str) -> bytes:
+    """The job's key: from ``token`` (an argument), else $PROCGROUP_JOB_TOKEN.
+
+    With neither, a loopback master just works; any other address works with one warning
+    per process saying how to set a token, or fails when $PROCGROUP_REQUIRE_TOKEN=1.
+    """
+    if token is None:
+        token = os.environ.get(ENV_TOKEN) or None
+    if token:
+        return job_key(token)
+    if not _is_loopback(master_addr):
+        required = os.environ.get(ENV_REQUIRE_TOKEN, "").strip().lower() in ("1", "true", "yes", "on")
+        advice = (f"set the same secret in {ENV_TOKEN} on every rank (procgroup-run makes one for its "
+                  f"workers), or pass token=...")
+        if required:
+            raise AuthenticationError(f"{where}: no job token, and {ENV_REQUIRE_TOKEN}=1 requires one; {advice}")
+        if not _warned.is_set():
+            _warned.set()
+            log.warning("%s: no job token: any process that reaches %s can join this job; %s",
+                        where, master_addr, advice)
+    return job_key(None)
+
+
+def _mac(key: bytes, side: bytes, purpose: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(key, side + b"\0" + purpose + b"\0" + first + second, hashlib.sha256).digest()
+
+
+class ServerHandshake:
+    """The accepting side, one message at a time (for event loops)."""
+
+    def __init__(self, key: bytes, purpose: bytes) -> None:
+        self._key = key
+        self._purpose = purpose
+        self._nonce = os.urandom(NONCE_BYTES)
+
+    def greeting(self) -> bytes:
+        return MAGIC + self._nonce
+
+    def verdict(self, reply: bytes) -> tuple[bool, bytes]:
+        """(accepted, the bytes to send back) for the client's ``REPLY_BYTES`` reply."""
+        if len(reply) != REPLY_BYTES:
+            return False, b"\0" * VERDICT_BYTES
+        client_nonce, mac = reply[:NONCE_BYTES], reply[NONCE_BYTES:]
+        ok = hmac.compare_digest(mac, _mac(self._key, b"client", self._purpose, self._nonce, client_nonce))
+        if not ok:
+            return False, b"\0" * VERDICT_BYTES
+        return True, b"\1" + _mac(self._key, b"server", self._purpose, client_nonce, self._nonce)
+
+
+class ClientHandshake:
+    """The connecting side, one message at a time."""
+
+    def __init__(self, key: bytes, purpose: bytes, peer: str) -> None:
+        self._key = key
+        self._purpose = purpose
+        self._peer = peer
+        self._nonce = os.urandom(NONCE_BYTES)
+        self._server_nonce = b""
+
+    def reply(self, greeting: bytes) -> bytes:
+        if len(greeting) != GREETING_BYTES or not greeting.startswith(MAGIC):
+            raise AuthenticationError(f"{self._peer} is not a procgroup endpoint (bad greeting)")
+        self._server_nonce = greeting[len(MAGIC):]
+        return self._nonce + _mac(self._key, b"client", self._purpose, self._server_nonce, self._nonce)
+
+    def check(self, verdict: bytes) -> None:
+        if len(verdict) != VERDICT_BYTES or verdict[:1] != b"\1":
+            raise AuthenticationError(
+                f"{self._peer} refused this process's job token: a different job holds this port, or "
+                f"this process has the wrong {ENV_TOKEN} (every rank of a job needs the same one)")
+        expected = _mac(self._key, b"server", self._purpose, self._nonce, self._server_nonce)
+        if not hmac.compare_digest(verdict[1:], expected):
+            raise AuthenticationError(f"{self._peer} could not prove it holds the job token: not this job's peer")
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float, peer: str) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AuthenticationError(f"{peer}: the authentication handshake did not finish in time")
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(n - len(data))
+        except socket.timeout:
+            continue
+        if not chunk:
+            raise AuthenticationError(f"{peer} closed the connection during the authentication handshake")
+        data += chunk
+    return bytes(data)
+
+
+def client_handshake(sock: socket.socket, key: bytes, purpose: bytes, peer: str,
+                     timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+    """Prove the token to the server at the other end of ``sock`` and check its proof."""
+    deadline = time.monotonic() + timeout
+    hs = ClientHandshake(key, purpose, peer)
+    sock.sendall(hs.reply(_recv_exact(sock, GREETING_BYTES, deadline, peer)))
+    hs.check(_recv_exact(sock, VERDICT_BYTES, deadline, peer))
+
+
+def server_handshake(sock: socket.socket, key: bytes, purpose: bytes, peer: str,
+                     timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+    """Check the client's proof; AuthenticationError (after telling it so) when it fails."""
+    deadline = time.monotonic() + timeout
+    hs = ServerHandshake(key, purpose)
+    sock.sendall(hs.greeting())
+    ok, answer = hs.verdict(_recv_exact(sock, REPLY_BYTES, deadline, peer))
+    try:
+        sock.sendall(answer)
+    except OSError:
+        pass
+    if not ok:
+        raise AuthenticationError(f"{peer} did not prove it holds the job token; connection refused")
+
+
+__all__ = [
+    "ClientHandshake",
+    "ENV_REQUIRE_TOKEN",
+    "ENV_TOKEN",
+    "GREETING_BYTES",
+    "HANDSHAKE_TIMEOUT_S",
+    "REPLY_BYTES",
+    "ServerHandshake",
+    "VERDICT_BYTES",
+    "client_handshake",
+    "job_key",
+    "new_token",
+    "resolve_token",
+    "server_handshake",
+]
