@@ -16,6 +16,14 @@ nothing private.
 """
 
 from .._auth import client_handshake, job_key, server_handshake
+from .._settings import (
+    MAX_TIMEOUT_S,
+    env_choice,
+    env_flag,
+    env_timeout,
+    setting,
+    timeout_seconds,
+)
 from ._channel import DataChannel, SubChannel, fresh, implemented_ops
 from ._context import (
     ALL_OPS,
@@ -26,9 +34,9 @@ from ._context import (
     POINT_TO_POINT,
     ChannelContext,
 )
+from ._fingerprint import Fingerprint, mismatch
 from ._lowering import Lowered, ReduceTable, flat_view
 from ._netif import ENV_SOCKET_IFNAME, choose_address
-from .._settings import MAX_TIMEOUT_S, env_choice, env_flag, env_timeout, setting, timeout_seconds
 from ._spec import BackendSpec, InitMethodSpec, hookimpl
 from ._wait import poll
 from ._work import CompletedWork, FutureWork, MappedWork, OrderedExecutor, Work
@@ -42,22 +50,23 @@ def host_address(ctx: ChannelContext) -> str:
 
 __all__ = [
     "ALL_OPS",
-    "BackendSpec",
     "COLLECTIVES",
     "COLLECTIVE_TAG_BASE",
+    "ENV_SOCKET_IFNAME",
+    "MAX_TIMEOUT_S",
+    "MAX_USER_TAG",
+    "OPS",
+    "POINT_TO_POINT",
+    "BackendSpec",
     "ChannelContext",
     "CompletedWork",
     "DataChannel",
-    "ENV_SOCKET_IFNAME",
+    "Fingerprint",
     "FutureWork",
     "InitMethodSpec",
     "Lowered",
-    "MAX_TIMEOUT_S",
-    "MAX_USER_TAG",
     "MappedWork",
-    "OPS",
     "OrderedExecutor",
-    "POINT_TO_POINT",
     "ReduceTable",
     "SubChannel",
     "Work",
@@ -72,6 +81,7 @@ __all__ = [
     "host_address",
     "implemented_ops",
     "job_key",
+    "mismatch",
     "poll",
     "server_handshake",
     "setting",
