@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from ..algorithms import direct, ring, tree
 from ..errors import ChannelClosedError
 from ..ops import ReduceOp
+from . import _debug
 from ._context import (
     COLLECTIVE_TAG_BASE,
     GROUP_P2P_TAG_BASE,
@@ -90,6 +91,11 @@ class DataChannel(abc.ABC):
 
     #: True when some collective runs on the ordered thread when started (a do_ form only)
     _queues: bool = True
+    #: True when the transport itself checks that ranks agree on every op (tcp's frames):
+    #: PROCGROUP_DEBUG=DETAIL then adds no fingerprint exchange (procgroup.backend._debug).
+    checks_agreement: bool = False
+    #: The PROCGROUP_DEBUG=DETAIL checker, None when off: run/start/blocking test only this.
+    _agreement: "_debug.Agreement | None" = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -129,6 +135,7 @@ class DataChannel(abc.ABC):
         self._closed = False
         self._failure: BaseException | None = None
         self._state_lock = threading.Lock()
+        self._agreement = _debug.for_channel(self)
         # the caller-facing p2p calls, bound once: they are on every message's path
         self.send = self.blocking("send")  # type: ignore[method-assign]
         self.recv = self.blocking("recv")  # type: ignore[method-assign]
@@ -156,6 +163,8 @@ class DataChannel(abc.ABC):
 
     def start(self, op: str, *args: Any) -> Work:
         """Start ``op`` and return its Work without waiting for it."""
+        if self._agreement is not None and op not in _P2P:
+            self._agreement.check(op, args)
         has_do, has_start = self._forms[op]
         if has_start:
             return getattr(self, f"start_{op}")(*args)
@@ -164,19 +173,24 @@ class DataChannel(abc.ABC):
             return FutureWork(op, self._p2p_executor().submit(fn, *args))
         return FutureWork(op, self._executor.submit(fn, *args))
 
-    def blocking(self, op: str) -> Callable[..., Any]:
+    def blocking(self, op: str, *, unchecked: bool = False) -> Callable[..., Any]:
         """The fastest callable that runs ``op`` to completion; the core caches it for
-        small messages (its cost is the fixed cost of every blocking call)."""
+        small messages (its cost is the fixed cost of every blocking call). With
+        PROCGROUP_DEBUG=DETAIL a collective's callable checks first (unless ``unchecked``)."""
+        if self._agreement is not None and not unchecked and op not in _P2P:
+            return self._agreement.checked(op, self.blocking(op, unchecked=True))
         has_do, has_start = self._forms[op]
         if has_do:
             fn = getattr(self, f"do_{op}")
             if op in _P2P or not self._queues:  # nothing can be queued ahead of it
                 return fn
             executor = self._executor
+            starter = getattr(self, f"start_{op}") if has_start else None
 
             def run_in_order(*args: Any) -> Any:
                 if executor.busy:  # async collectives still queued: keep the order
-                    work = self.start(op, *args)
+                    # what start() does, without its check (blocking's callable checked)
+                    work = starter(*args) if starter is not None else FutureWork(op, executor.submit(fn, *args))
                     work.wait()
                     return work.result()
                 return fn(*args)
@@ -279,6 +293,8 @@ class DataChannel(abc.ABC):
         try:
             self.do_close()
         finally:
+            if self._agreement is not None:
+                self._agreement.close()
             self._executor.shutdown()
             if self._p2p_pool is not None:
                 self._p2p_pool.shutdown(wait=False, cancel_futures=True)

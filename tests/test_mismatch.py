@@ -1,0 +1,278 @@
+"""Ranks that disagree on a collective: PROCGROUP_DEBUG=DETAIL on mpi, gloo and nccl.
+
+Their transports cannot check, so with DETAIL every rank exchanges the op's fingerprint
+before the collective: op vs op, size, dtype, root and reduce op mismatches become a
+MismatchError on every rank, naming both ranks and both sides, and the group goes on.
+Without DETAIL nothing is checked (the hang or abort that follows is not tested). Also:
+object collectives refuse sizes a peer announces that are negative or over the limit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from procgroup.testing import spawn
+
+pytestmark = pytest.mark.timeout(300)
+
+DETAIL = {"PROCGROUP_DEBUG": "detail"}
+
+
+def _cases(rank: int, odd: int) -> list[tuple[str, Any]]:
+    """(name, call) pairs; rank ``odd`` does something else than the others."""
+    import procgroup as pg
+    from procgroup.ops import ReduceOp
+
+    me = rank == odd
+    f32 = np.float32
+    return [
+        ("op", lambda: pg.all_reduce(np.ones(4, f32)) if not me else pg.broadcast(np.ones(4, f32), 0)),
+        ("size", lambda: pg.all_reduce(np.ones(8 if me else 4, f32))),
+        ("dtype", lambda: pg.all_reduce(np.ones(4, np.int32 if me else f32))),
+        ("root", lambda: pg.broadcast(np.ones(4, f32), odd if me else 0)),
+        ("reduce_op", lambda: pg.all_reduce(np.ones(4, f32), op=ReduceOp.MAX if me else ReduceOp.SUM)),
+        ("reduce_root", lambda: pg.reduce(np.ones(4, f32), odd if me else 0)),
+        ("gather_size", lambda: pg.gather(np.ones(2 if me else 3), [np.zeros(3) for _ in range(odd + 1)]
+                                          if rank == 0 else None)),
+        ("barrier_vs_all_gather", lambda: pg.barrier() if me else
+         pg.all_gather([np.zeros(2) for _ in range(pg.get_world_size())], np.ones(2))),
+        ("async", lambda: pg.all_reduce(np.ones(4 if me else 5), async_op=True).wait()),
+    ]
+
+
+def _matrix(rank: int, size: int) -> dict[str, Any]:
+    """Every case, then a matching all_reduce: the group must still be usable."""
+    import procgroup as pg
+    from procgroup.errors import MismatchError
+
+    odd = size - 1
+    out: dict[str, Any] = {"checked": pg.group_channel()._agreement is not None}
+    for name, call in _cases(rank, odd):
+        try:
+            call()
+            out[name] = "no error"
+        except MismatchError as exc:
+            out[name] = (str(exc), list(exc.ranks))
+        ok = np.full(3, rank + 1.0)
+        pg.all_reduce(ok)
+        out[f"{name}/after"] = float(ok[0])
+    # a group of a group is checked too (its own tag window)
+    sub = pg.new_group([0, odd])
+    if rank in (0, odd):
+        try:
+            pg.all_reduce(np.ones(2 if rank == odd else 3), group=sub)
+            out["group"] = "no error"
+        except MismatchError as exc:
+            out["group"] = (str(exc), list(exc.ranks))
+        x = np.ones(2)
+        pg.all_reduce(x, group=sub)
+        out["group/after"] = float(x[0])
+    pg.barrier()
+    return out
+
+
+def _check_matrix(results: list[dict[str, Any]]) -> None:
+    size = len(results)
+    odd = size - 1
+    total = size * (size + 1) / 2
+    for rank, out in enumerate(results):
+        assert out["checked"] is True, out
+        for name, _ in _cases(0, odd):
+            got = out[name]
+            assert got != "no error", (rank, name, got)
+            msg, ranks = got
+            # each rank names itself and the first rank that disagrees with it
+            other = 0 if rank == odd else odd
+            assert ranks == sorted({rank, other}), (rank, name, got)
+            assert f"rank {rank} called" in msg and f"rank {other} called" in msg, (rank, name, msg)
+            assert out[f"{name}/after"] == total, (rank, name, out)
+        msgs = {name: out[name][0] for name, _ in _cases(0, odd)}
+        assert "all_reduce" in msgs["op"] and "broadcast" in msgs["op"], msgs["op"]
+        assert "16 bytes" in msgs["size"] and "32 bytes" in msgs["size"], msgs["size"]
+        assert "int32" in msgs["dtype"] and "float32" in msgs["dtype"], msgs["dtype"]
+        assert "root 0" in msgs["root"] and f"root {odd}" in msgs["root"], msgs["root"]
+        assert "with SUM" in msgs["reduce_op"] and "with MAX" in msgs["reduce_op"], msgs["reduce_op"]
+        assert "barrier" in msgs["barrier_vs_all_gather"] and "all_gather" in msgs["barrier_vs_all_gather"]
+        if rank in (0, odd):
+            msg, ranks = out["group"]
+            assert ranks == [0, odd] and "16 bytes" in msg and "24 bytes" in msg, out["group"]
+            assert out["group/after"] == 2.0
+
+
+def _unchecked(rank: int, size: int) -> dict[str, Any]:
+    """Without DETAIL (unset, OFF, INFO) no channel checks: matching calls just run."""
+    import procgroup as pg
+
+    arr = np.full(4, rank + 1.0)
+    pg.all_reduce(arr)
+    pg.broadcast(arr, 0)
+    return {"checked": pg.group_channel()._agreement is not None, "sum": float(arr[0]),
+            "level": os.environ.get("PROCGROUP_DEBUG")}
+
+
+# ------------------------------------------------------------------ mpi
+def test_mpi_mismatch_matrix() -> None:
+    pytest.importorskip("mpi4py", reason="the mpi backend needs mpi4py")
+    results = spawn(_matrix, 3, "mpi", launcher="mpiexec", init_method=None, env=DETAIL, timeout=30,
+                    job_timeout=200)
+    _check_matrix(results)
+
+
+@pytest.mark.parametrize("level", [None, "off", "info"])
+def test_mpi_without_detail_nothing_is_checked(level: str | None) -> None:
+    pytest.importorskip("mpi4py", reason="the mpi backend needs mpi4py")
+    env = {} if level is None else {"PROCGROUP_DEBUG": level}
+    results = spawn(_unchecked, 2, "mpi", launcher="mpiexec", init_method=None, env=env, timeout=30)
+    assert [r["checked"] for r in results] == [False, False]
+    assert [r["sum"] for r in results] == [3.0, 3.0]
+
+
+# ------------------------------------------------------------------ gloo
+def test_gloo_mismatch_matrix() -> None:
+    pytest.importorskip("pygloo", reason="pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux")
+    results = spawn(_matrix, 3, "gloo", env=DETAIL, timeout=30, job_timeout=200)
+    _check_matrix(results)
+
+
+def test_gloo_without_detail_nothing_is_checked() -> None:
+    pytest.importorskip("pygloo", reason="pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux")
+    results = spawn(_unchecked, 2, "gloo", timeout=30)
+    assert [r["checked"] for r in results] == [False, False]
+
+
+def _bad_level(rank: int, size: int) -> str:
+    import procgroup as pg
+    from procgroup.errors import InvalidArgumentError
+
+    try:
+        pg.init_process_group("gloo", os.environ["PG_URL"], rank=rank, world_size=size, timeout=30)
+    except InvalidArgumentError as exc:
+        return str(exc)
+    pg.destroy_process_group()
+    return "no error"
+
+
+def test_bad_debug_level_is_an_error(tmp_path: Any) -> None:
+    pytest.importorskip("pygloo", reason="pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux")
+    (msg,) = spawn(_bad_level, 1, "gloo", init=False,
+                   env={"PROCGROUP_DEBUG": "verbose", "PG_URL": f"file://{tmp_path}/rdv"})
+    assert "PROCGROUP_DEBUG" in msg and "detail" in msg, msg
+
+
+# ------------------------------------------------------------------ nccl
+_GPUS = (
+    "import json\n"
+    "try:\n"
+    "    from procgroup_nccl._availability import unavailable_reason, cuda_device_count\n"
+    "    r = unavailable_reason(); n = cuda_device_count()[0] if r is None else 0\n"
+    "except ImportError as exc:\n"
+    "    r, n = f'procgroup-nccl is not importable: {exc}', 0\n"
+    "print(json.dumps([r, n]))\n"
+)
+
+
+def _gpu_reason() -> str | None:
+    """Why the nccl matrix cannot run here (asked in a fresh interpreter, so this one
+    never initializes CUDA before spawning), or None."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", _GPUS], capture_output=True, text=True, timeout=120, check=True)
+    reason, gpus = json.loads(out.stdout.strip().splitlines()[-1])
+    if reason is not None:
+        return f"needs CUDA GPUs with NCCL: {reason}"
+    if gpus < 2:
+        return f"needs 2 CUDA GPUs (found {gpus}): NCCL puts each rank on its own GPU"
+    return None
+
+
+def _nccl_matrix(rank: int, size: int) -> dict[str, Any]:
+    import cupy as cp
+    import procgroup as pg
+    from procgroup.errors import MismatchError
+    from procgroup.ops import ReduceOp
+
+    cp.cuda.Device(rank).use()
+    odd = size - 1
+    me = rank == odd
+    out: dict[str, Any] = {}
+    cases = {
+        "op": lambda: pg.all_reduce(cp.ones(4)) if not me else pg.broadcast(cp.ones(4), 0),
+        "size": lambda: pg.all_reduce(cp.ones(8 if me else 4)),
+        "dtype": lambda: pg.all_reduce(cp.ones(4, cp.int64 if me else cp.float64)),
+        "root": lambda: pg.broadcast(cp.ones(4), odd if me else 0),
+        "reduce_op": lambda: pg.all_reduce(cp.ones(4), op=ReduceOp.MAX if me else ReduceOp.SUM),
+    }
+    for name, call in cases.items():
+        try:
+            call()
+            cp.cuda.runtime.deviceSynchronize()
+            out[name] = "no error"
+        except MismatchError as exc:
+            out[name] = list(exc.ranks)
+        ok = cp.full(3, rank + 1.0)
+        pg.all_reduce(ok)
+        out[f"{name}/after"] = float(ok[0].get())
+    return out
+
+
+def test_nccl_mismatch_matrix() -> None:
+    reason = _gpu_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    results = spawn(_nccl_matrix, 2, "nccl", env=DETAIL, timeout=60, job_timeout=300)
+    for out in results:
+        for name in ("op", "size", "dtype", "root", "reduce_op"):
+            assert out[name] == [0, 1], (name, out)
+            assert out[f"{name}/after"] == 3.0, (name, out)
+
+
+# ------------------------------------------------------------------ object collectives
+def _forged_sizes(rank: int, size: int) -> dict[str, str]:
+    """Rank 1 plays a member that announces forged pickle sizes; rank 0 calls the object
+    collectives and must get a clear error, not a huge allocation."""
+    import procgroup as pg
+    from procgroup.errors import ProcGroupError
+
+    out: dict[str, str] = {}
+    for forged in (-5, 2**62):
+        if rank == 0:
+            got: list[Any] = [None] * size
+            try:
+                pg.all_gather_object(got, {"a": 1})
+                out[f"all_gather/{forged}"] = "no error"
+            except ProcGroupError as exc:
+                out[f"all_gather/{forged}"] = f"{type(exc).__name__}: {exc}"
+            objs: list[Any] = [None]
+            try:
+                pg.broadcast_object_list(objs, src=1)
+                out[f"broadcast/{forged}"] = "no error"
+            except ProcGroupError as exc:
+                out[f"broadcast/{forged}"] = f"{type(exc).__name__}: {exc}"
+        else:
+            sizes = [np.zeros(1, dtype=np.int64) for _ in range(size)]
+            pg.all_gather(sizes, np.array([forged], dtype=np.int64))
+            pg.broadcast(np.array([forged], dtype=np.int64), 1)
+        ok = np.ones(2)
+        pg.all_reduce(ok)
+        out[f"after/{forged}"] = str(ok[0])
+    # honest objects still pass
+    got2: list[Any] = [None] * size
+    pg.all_gather_object(got2, {"rank": rank})
+    out["honest"] = repr(got2)
+    return out
+
+
+def test_object_collectives_refuse_forged_sizes() -> None:
+    (out, _) = spawn(_forged_sizes, 2, "tcp", timeout=30)
+    for forged in (-5, 2**62):
+        for op in ("all_gather", "broadcast"):
+            msg = out[f"{op}/{forged}"]
+            assert msg.startswith("PeerError") and "rank 1" in msg and str(forged) in msg, msg
+        assert out[f"after/{forged}"] == "2.0"
+    assert out["honest"] == repr([{"rank": 0}, {"rank": 1}])
