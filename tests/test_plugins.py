@@ -96,6 +96,11 @@ def test_unknown_and_missing_backend_errors(isolated_site: Path) -> None:
     assert "unknown backend 'nosuch'" in unknown and "choose one of: storechan" in unknown
 
 
+def test_misspelled_backend_gets_did_you_mean() -> None:
+    with pytest.raises(BackendNotFoundError, match="did you mean 'tcp'"):
+        get_backend_spec("tpc")
+
+
 def test_broken_plugin_is_logged_and_skipped(isolated_site: Path) -> None:
     add_dist(isolated_site, "broken-plugin", {"broken": "broken_mod"},
              {"broken_mod": "raise ImportError('libfoo.so: cannot open shared object file')\n"})
@@ -104,25 +109,37 @@ def test_broken_plugin_is_logged_and_skipped(isolated_site: Path) -> None:
     proc = run_isolated(isolated_site, """
         import procgroup.plugins as p
         print(sorted(p.backends()))
+        try:
+            p.get_backend_spec("broken")
+        except p.BackendUnavailableError as exc:
+            print(exc)
     """)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "['storechan']"
+    listed, asked = proc.stdout.strip().splitlines()
+    assert listed == "['storechan']"
     assert "broken" in proc.stderr and "libfoo.so" in proc.stderr and "skipped" in proc.stderr
+    # asking for it names the distribution, the entry point and the import error
+    assert "broken-plugin" in asked and "broken = broken_mod" in asked and "libfoo.so" in asked
 
 
 def test_two_plugins_claiming_one_name_is_an_error(isolated_site: Path) -> None:
     code = (REPO / "core" / "procgroup" / "testing" / "minimal_channel.py").read_text()
     add_dist(isolated_site, "first-plugin", {"storechan": "first_mod"}, {"first_mod": code})
     add_dist(isolated_site, "second-plugin", {"other": "second_mod"}, {"second_mod": code})
+    add_dist(isolated_site, "third-plugin", {"third": "third_mod"},
+             {"third_mod": code.replace('name="storechan"', 'name="other"')})
     proc = run_isolated(isolated_site, """
         import procgroup.plugins as p
+        print(sorted(p.backends()))  # the contested name costs only itself
         try:
-            p.backends()
+            p.get_backend_spec("storechan")
         except p.PluginError as exc:
             print(exc)
     """)
     assert proc.returncode == 0, proc.stderr
-    assert "storechan" in proc.stdout and "first-plugin" in proc.stdout and "second-plugin" in proc.stdout
+    listed, asked = proc.stdout.strip().splitlines()
+    assert listed == "['other']"
+    assert "storechan" in asked and "first-plugin" in asked and "second-plugin" in asked
 
 
 def test_runtime_registration_rules() -> None:

@@ -8,10 +8,12 @@ that fails to import; here a broken plugin is logged and skipped, and the rest l
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib.metadata
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import pluggy
@@ -37,29 +39,44 @@ _runtime_lock = threading.Lock()
 _runtime_backends: dict[str, BackendSpec] = {}
 
 
+@dataclass(frozen=True)
+class _Broken:
+    """A plugin that could not be used, and why; asking for its backend says so."""
+
+    distribution: str
+    entry_point: str  # "name = module"
+    error: str
+
+
+#: entry-point name -> the distribution that provides it
+_plugin_dists: dict[str, str] = {}
+#: backend (or entry-point) name -> why it cannot be used; costs only that name
+_broken: dict[str, _Broken] = {}
+
+
 @functools.cache
 def get_plugin_manager() -> pluggy.PluginManager:
-    """The one PluginManager, with every installed plugin that imports cleanly."""
+    """The one PluginManager, with every installed plugin that imports cleanly.
+
+    A plugin that fails to import, or two that claim one name, cost only that name: the
+    rest load, and asking for the name explains what is wrong (see get_backend_spec).
+    """
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(ProcGroupHookSpecs)
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist.name if ep.dist is not None else "?"
-        if pm.get_plugin(ep.name) is not None:
-            raise PluginError(
-                f"two plugins claim the backend name {ep.name!r}: "
-                f"{_dist_of(ep.name)} and {dist}; uninstall one"
-            )
+        plugin_name = ep.name if pm.get_plugin(ep.name) is None else f"{ep.name}@{dist}"
         try:
             module = ep.load()
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the rest
-            log.warning("procgroup plugin %r (%s) failed to import and is skipped: %s", ep.name, dist, exc)
+            log.warning("procgroup plugin %r (distribution %s, entry point '%s = %s') failed to import "
+                        "and is skipped: %s: %s", ep.name, dist, ep.name, ep.value, type(exc).__name__, exc)
+            _broken.setdefault(ep.name.lower(), _Broken(dist, f"{ep.name} = {ep.value}",
+                                                        f"{type(exc).__name__}: {exc}"))
             continue
-        pm.register(module, name=ep.name)
-        _plugin_dists[ep.name] = dist
+        pm.register(module, name=plugin_name)
+        _plugin_dists[plugin_name] = dist
     return pm
-
-
-_plugin_dists: dict[str, str] = {}
 
 
 def _dist_of(plugin_name: str) -> str:
@@ -70,6 +87,7 @@ def _dist_of(plugin_name: str) -> str:
 def _plugin_backends() -> dict[str, BackendSpec]:
     pm = get_plugin_manager()
     found: dict[str, BackendSpec] = {}
+    claims: dict[str, list[str]] = {}
     for plugin in pm.get_plugins():
         plugin_name = pm.get_name(plugin) or "?"
         dist = _dist_of(plugin_name)
@@ -78,20 +96,23 @@ def _plugin_backends() -> dict[str, BackendSpec]:
             continue
         try:
             specs = list(hook())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - costs only this plugin
             log.warning("procgroup plugin %s: procgroup_backends() failed and is skipped: %s", dist, exc)
+            _broken.setdefault(plugin_name.lower(), _Broken(dist, plugin_name, f"procgroup_backends() failed: {exc}"))
             continue
         for spec in specs:
-            if not isinstance(spec, BackendSpec):
-                raise PluginError(f"plugin {dist}: procgroup_backends() must return BackendSpec records, got {spec!r}")
-            if spec.name in found:
-                raise PluginError(
-                    f"two plugins claim the backend name {spec.name!r}: "
-                    f"{found[spec.name].distribution} and {dist}; uninstall one"
-                )
-            found[spec.name] = _with_dist(spec, dist)
-            if spec.name != spec.name.lower():
-                raise PluginError(f"plugin {dist}: backend names are lower case, got {spec.name!r}")
+            if not isinstance(spec, BackendSpec) or not isinstance(spec.name, str) or spec.name != spec.name.lower():
+                log.warning("procgroup plugin %s: procgroup_backends() returned %r; backends are BackendSpec "
+                            "records with lower-case names: skipped", dist, spec)
+                continue
+            claims.setdefault(spec.name, []).append(dist)
+            found.setdefault(spec.name, _with_dist(spec, dist))
+    for name, dists in claims.items():
+        if len(dists) > 1:
+            del found[name]
+            log.warning("procgroup: backend name %r is claimed by %s; it is unusable until one is uninstalled",
+                        name, " and ".join(dists))
+            _broken[name] = _Broken(" and ".join(dists), name, "two plugins claim this backend name")
     return found
 
 
@@ -154,18 +175,29 @@ def backends() -> dict[str, BackendSpec]:
 
 
 def get_backend_spec(name: str) -> BackendSpec:
-    """The spec for ``name``, or an error listing the choices and the install hint."""
+    """The spec for ``name``, or an error that says why not: a broken or doubly claimed
+    plugin (naming distributions, entry point and error), or the choices, a "did you
+    mean" and the install hint."""
     if not isinstance(name, str):
         raise BackendNotFoundError(f"backend must be a name (str), got {name!r}")
     key = name.lower()
     found = backends()
     if key in found:
         return found[key]
+    broken = _broken.get(key)
+    if broken is not None:
+        if broken.error == "two plugins claim this backend name":
+            raise PluginError(f"two plugins claim the backend name {key!r}: {broken.distribution}; uninstall one")
+        raise BackendUnavailableError(
+            f"backend {key!r} is installed (distribution {broken.distribution}, entry point "
+            f"'{broken.entry_point}') but its plugin failed to import: {broken.error}")
     installed = ", ".join(found) or "(none installed)"
-    msg = f"unknown backend {name!r}; choose one of: {installed}"
     if key in KNOWN_BACKENDS:
-        msg = f"backend {name!r} is not installed; install it with `{KNOWN_BACKENDS[key]}` (installed: {installed})"
-    raise BackendNotFoundError(msg)
+        raise BackendNotFoundError(
+            f"backend {name!r} is not installed; install it with `{KNOWN_BACKENDS[key]}` (installed: {installed})")
+    close = difflib.get_close_matches(key, [*found, *KNOWN_BACKENDS], n=1, cutoff=0.6)
+    hint = [f"did you mean {close[0]!r}?"] if close else []
+    raise BackendNotFoundError("; ".join([f"unknown backend {name!r}", *hint, f"choose one of: {installed}"]))
 
 
 def load_channel_class(name: str) -> tuple[BackendSpec, type]:
@@ -232,6 +264,7 @@ def reset_plugin_cache() -> None:
     get_plugin_manager.cache_clear()
     _plugin_backends.cache_clear()
     _plugin_dists.clear()
+    _broken.clear()
 
 
 __all__ = [
