@@ -11,13 +11,15 @@ from __future__ import annotations
 import abc
 import concurrent.futures
 import logging
+import os
+import queue
 import socket
 import threading
 import time
 from typing import Any, Protocol
 
-from procgroup.backend import ChannelContext, fresh
-from procgroup.errors import CommTimeoutError, PeerError
+from procgroup.backend import ChannelContext, client_handshake, fresh, job_key, server_handshake
+from procgroup.errors import CommTimeoutError, PeerError, ProcGroupError
 
 from . import _wire
 
@@ -47,8 +49,16 @@ class PeerEvents(abc.ABC):
     """What a Peer's reader reports to the layer above (the channel)."""
 
     @abc.abstractmethod
-    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> Landing:
-        """Where the payload of a frame from ``src`` lands."""
+    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes, fp: bytes) -> Landing:
+        """Where the payload of a frame from ``src`` lands (``fp``: the sender's fingerprint)."""
+
+    @abc.abstractmethod
+    def mismatch_notice(self, peer: Peer, tag: int, notice: bytes) -> None:
+        """``peer`` found that the ranks disagree on the collective of ``tag``."""
+
+    @abc.abstractmethod
+    def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
+        """``peer`` reports it lost world rank ``lost`` (the root cause of what follows)."""
 
     @abc.abstractmethod
     def peer_left(self, peer: Peer) -> None:
@@ -75,24 +85,49 @@ def _send_all(sock: socket.socket, header: bytes, payload: memoryview) -> None:
             parts.pop(0)
 
 
+#: A frame claiming more is a protocol error (256 TiB: no buffer is that large).
+MAX_FRAME_BYTES = 1 << 48
+#: An accepted connection gets this long to prove the token and say hello.
+HANDSHAKE_TIMEOUT_S = 5.0
+
+
+def _purpose(ctx: ChannelContext, nonce: bytes) -> bytes:
+    """What the handshake binds to: this channel (group) of this job, at this listener."""
+    return b"tcp/%d/" % ctx.group_id + nonce.hex().encode()
+
+
 def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
     """Connect to every other rank of the channel; returns rank -> connected socket.
 
-    Every rank listens on port 0 and publishes its address in the Store (no port
-    races); rank i connects to ranks below it (their listen backlog completes the
-    handshake before they accept) and then accepts the ranks above it.
+    Every rank listens on port 0 of ``address`` (the chosen interface) and publishes
+    ``host:port:nonce`` in the Store (no port races); rank i connects to ranks below it
+    and accepts the ranks above it. Every connection starts with the job-token handshake
+    (purpose ``tcp/<group>/<nonce>``), then the hello (rank, size, group, nonce). Each
+    accepted socket is checked on a thread of its own with a short deadline, so a
+    silent or slow stranger delays nobody; a failure is one log line, and the loop
+    keeps accepting until every expected rank has a seat.
     """
     deadline = time.monotonic() + ctx.timeout
+    key = ctx.job_key if ctx.job_key is not None else job_key(None)
+    nonce = os.urandom(_wire.NONCE_SIZE)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     socks: dict[int, socket.socket] = {}
+    arrivals: queue.Queue[tuple[socket.socket, str, int | BaseException]] = queue.Queue()
+    pending: set[socket.socket] = set()
+    acceptor: threading.Thread | None = None
     try:
         listener.bind((address, 0))
         listener.listen(max(ctx.size, 16))
         host, port = listener.getsockname()[:2]
-        ctx.store.set(f"tcp/addr/{ctx.rank}", f"{host}:{port}")
-        for peer in range(ctx.rank):
-            socks[peer] = _connect_to(ctx, peer, deadline)
+        ctx.store.set(f"tcp/addr/{ctx.rank}", f"{host}:{port}:{nonce.hex()}")
         expected = set(range(ctx.rank + 1, ctx.size))
+        if expected:  # accept on a thread while this one connects to the ranks below
+            acceptor = threading.Thread(target=_accept_loop, args=(listener, ctx, key, nonce, arrivals, pending,
+                                                                   deadline),
+                                        name=f"procgroup-tcp-accept-g{ctx.group_id}", daemon=True)
+            acceptor.start()
+        for peer in range(ctx.rank):
+            socks[peer] = _connect_to(ctx, key, peer, deadline)
         while expected:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -100,24 +135,20 @@ def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
                 raise CommTimeoutError(
                     f"tcp: ranks {missing} did not connect within {ctx.timeout}s", op="init", ranks=missing
                 )
-            listener.settimeout(min(remaining, 1.0))
             try:
-                conn, _ = listener.accept()
-            except TimeoutError:
+                conn, who, outcome = arrivals.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
                 continue
-            conn.settimeout(max(deadline - time.monotonic(), 0.1))
-            try:
-                peer = _wire.unpack_hello(_recv_exact_small(conn, _wire.HELLO_SIZE), ctx.size, ctx.group_id)
-            except (OSError, ValueError) as exc:
-                log.warning("tcp: rejected a connection with a bad hello: %s", exc)
+            if isinstance(outcome, BaseException):
+                log.warning("tcp: refused a connection from %s: %s", who, outcome)
                 conn.close()
-                continue
-            if peer not in expected:
-                log.warning("tcp: rejected an unexpected connection from rank %d", peer)
+            elif outcome not in expected:
+                log.warning("tcp: refused a connection from %s claiming rank %d, which %s", who,
+                            ctx.global_rank(outcome), "already has a seat" if outcome in socks else "does not dial in")
                 conn.close()
-                continue
-            expected.discard(peer)
-            socks[peer] = conn
+            else:
+                expected.discard(outcome)
+                socks[outcome] = conn
         for sock in socks.values():
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(ctx.timeout)
@@ -127,24 +158,85 @@ def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
             sock.close()
         raise
     finally:
-        listener.close()
+        try:
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop (Linux), which then ends
+        except OSError:
+            pass
+        if acceptor is not None:
+            acceptor.join(1.0)
+        listener.close()  # strangers still in a handshake are cut off below
+        for conn in list(pending):
+            _close_quietly(conn)
+        while not arrivals.empty():
+            _close_quietly(arrivals.get_nowait()[0])
 
 
-def _connect_to(ctx: ChannelContext, peer: int, deadline: float) -> socket.socket:
+def _close_quietly(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    conn.close()
+
+
+def _accept_loop(listener: socket.socket, ctx: ChannelContext, key: bytes, nonce: bytes,
+                 arrivals: queue.Queue[tuple[socket.socket, str, int | BaseException]],
+                 pending: set[socket.socket], deadline: float) -> None:
+    """Accept until the listener closes; each connection is checked on its own thread."""
+    listener.settimeout(0.2)
+    while time.monotonic() < deadline:
+        try:
+            conn, addr = listener.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return  # closed: every rank has its seat, or set-up failed
+        who = f"{addr[0]}:{addr[1]}"
+        pending.add(conn)
+        threading.Thread(target=_admit, args=(conn, who, ctx, key, nonce, arrivals, pending),
+                         name="procgroup-tcp-admit", daemon=True).start()
+
+
+def _admit(conn: socket.socket, who: str, ctx: ChannelContext, key: bytes, nonce: bytes,
+           arrivals: queue.Queue[tuple[socket.socket, str, int | BaseException]],
+           pending: set[socket.socket]) -> None:
+    """Handshake, then hello, within HANDSHAKE_TIMEOUT_S; the outcome goes to ``arrivals``."""
+    outcome: int | BaseException
+    try:
+        limit = min(HANDSHAKE_TIMEOUT_S, max(ctx.timeout, 0.1))
+        start = time.monotonic()
+        server_handshake(conn, key, _purpose(ctx, nonce), who, limit)
+        conn.settimeout(max(limit - (time.monotonic() - start), 0.05))
+        outcome = _wire.unpack_hello(_recv_exact_small(conn, _wire.HELLO_SIZE), ctx.size, ctx.group_id, nonce)
+    except (OSError, ValueError, ProcGroupError) as exc:
+        outcome = exc
+    pending.discard(conn)
+    arrivals.put((conn, who, outcome))
+
+
+def _connect_to(ctx: ChannelContext, key: bytes, peer: int, deadline: float) -> socket.socket:
     remaining = max(deadline - time.monotonic(), 0.1)
     addr = ctx.store.get(f"tcp/addr/{peer}", timeout=remaining).decode()
-    host, port = addr.rsplit(":", 1)
+    host, port, nonce_hex = addr.rsplit(":", 2)
+    nonce = bytes.fromhex(nonce_hex)
+    gr = ctx.global_rank(peer)
     last: OSError | None = None
     while time.monotonic() < deadline:
         try:
             sock = socket.create_connection((host, int(port)), timeout=max(deadline - time.monotonic(), 0.1))
-            sock.sendall(_wire.pack_hello(ctx.rank, ctx.size, ctx.group_id))
-            return sock
         except OSError as exc:
             last = exc
             time.sleep(0.05)
-    gr = ctx.global_rank(peer)
-    raise CommTimeoutError(f"tcp: could not connect to rank {gr} at {addr} within {ctx.timeout}s: {last}",
+            continue
+        try:
+            client_handshake(sock, key, _purpose(ctx, nonce), f"rank {gr} at {host}:{port}",
+                             min(HANDSHAKE_TIMEOUT_S * 2, max(deadline - time.monotonic(), 0.1)))
+            sock.sendall(_wire.pack_hello(ctx.rank, ctx.size, ctx.group_id, nonce))
+            return sock
+        except BaseException:
+            sock.close()
+            raise
+    raise CommTimeoutError(f"tcp: could not connect to rank {gr} at {host}:{port} within {ctx.timeout}s: {last}",
                            op="init", ranks=[gr])
 
 
@@ -193,21 +285,22 @@ class Peer:
     def has_queued_sends(self) -> bool:
         return self._queued > 0
 
-    def send(self, view: memoryview, tag: int, dtype_char: bytes) -> None:
+    def send(self, view: memoryview, tag: int, dtype_char: bytes, fp: bytes = _wire.NO_FP) -> None:
         """Blocking send on the caller's thread; goes behind queued sends, keeping order."""
         if self._queued:
-            self.send_async(view, tag, dtype_char).result()
+            self.send_async(view, tag, dtype_char, fp).result()
             return
-        self._write(view, tag, dtype_char)
+        self._write(view, tag, dtype_char, fp)
 
-    def send_async(self, view: memoryview, tag: int, dtype_char: bytes) -> concurrent.futures.Future[None]:
+    def send_async(self, view: memoryview, tag: int, dtype_char: bytes, fp: bytes = _wire.NO_FP,
+                   kind: int = _wire.KIND_DATA) -> concurrent.futures.Future[None]:
         """Queue a send on this peer's sender thread (started on first use)."""
         with self._queue_lock:
             if self._sender is None:
                 self._sender = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix=f"procgroup-tcp-send-{self.global_rank}")
             self._queued += 1
-        fut = self._sender.submit(self._write, view, tag, dtype_char)
+        fut = self._sender.submit(self._write, view, tag, dtype_char, fp, kind)
         fut.add_done_callback(self._dequeue)
         return fut
 
@@ -215,11 +308,12 @@ class Peer:
         with self._queue_lock:
             self._queued -= 1
 
-    def _write(self, view: memoryview, tag: int, dtype_char: bytes) -> None:
+    def _write(self, view: memoryview, tag: int, dtype_char: bytes, fp: bytes = _wire.NO_FP,
+               kind: int = _wire.KIND_DATA) -> None:
         if self._send_error is not None:
             raise fresh(self._send_error)
         with self._send_lock:
-            header = _wire.pack_header(_wire.KIND_DATA, dtype_char, tag, self._seq_out, view.nbytes)
+            header = _wire.pack_header(kind, dtype_char, tag, self._seq_out, view.nbytes, fp)
             self._seq_out += 1
             try:
                 _send_all(self.sock, header, view)
@@ -254,15 +348,29 @@ class Peer:
             while True:
                 if not self._read_into(hview, at_boundary=True):
                     return
-                kind, dtype_char, tag, seq, nbytes = _wire.unpack_header(header)
-                if kind == _wire.KIND_GOODBYE:
+                kind, dtype_char, tag, seq, nbytes, fp = _wire.unpack_header(header)
+                if seq != self._seq_in:
+                    raise self._protocol(f"sent frame {seq} where {self._seq_in} was due")
+                self._seq_in += 1
+                if kind == _wire.KIND_DATA:
+                    if nbytes > MAX_FRAME_BYTES:
+                        raise self._protocol(f"sent a frame claiming {nbytes} bytes")
+                    self._receive_payload(tag, nbytes, dtype_char, fp)
+                elif kind == _wire.KIND_GOODBYE:
                     self.left = True
                     self.events.peer_left(self)
                     return
-                if seq != self._seq_in:
-                    raise ValueError(f"frame {seq} arrived where {self._seq_in} was due")
-                self._seq_in += 1
-                self._receive_payload(tag, nbytes, dtype_char)
+                elif kind == _wire.KIND_MISMATCH and nbytes == _wire.NOTICE_SIZE:
+                    notice = memoryview(bytearray(nbytes))
+                    self._read_into(notice, at_boundary=False)
+                    self.events.mismatch_notice(self, tag, notice.tobytes())
+                elif kind == _wire.KIND_PEER_LOST and _wire.LOST.size <= nbytes <= _wire.MAX_LOST_BYTES:
+                    body = memoryview(bytearray(nbytes))
+                    self._read_into(body, at_boundary=False)
+                    (lost,) = _wire.LOST.unpack_from(body)
+                    self.events.peer_lost_notice(self, lost, bytes(body[_wire.LOST.size:]).decode("utf-8", "replace"))
+                else:
+                    raise self._protocol(f"sent a frame of unknown kind {kind} ({nbytes} bytes)")
         except Exception as exc:  # noqa: BLE001 - whatever stops the reader breaks the channel
             if self._closing:
                 self.fail_current(PeerError(f"the connection to rank {self.global_rank} was closed",
@@ -272,13 +380,18 @@ class Peer:
                 f"lost the connection to rank {self.global_rank}: {exc}", rank=self.global_rank)
             self.events.peer_failed(self, reason)
 
-    def _receive_payload(self, tag: int, nbytes: int, dtype_char: bytes) -> None:
-        target = self.events.match_incoming(self.rank, tag, nbytes, dtype_char)
+    def _protocol(self, what: str) -> PeerError:
+        """The peer broke the wire protocol: the stream cannot be trusted any more."""
+        return PeerError(f"rank {self.global_rank} {what}: the stream is corrupt or not procgroup's; "
+                         f"closing the connection to it", rank=self.global_rank)
+
+    def _receive_payload(self, tag: int, nbytes: int, dtype_char: bytes, fp: bytes) -> None:
+        target = self.events.match_incoming(self.rank, tag, nbytes, dtype_char, fp)
         try:
             view = target.admit(nbytes, dtype_char, self.global_rank)
         except Exception as exc:  # noqa: BLE001 - reported to the receiver, stream kept in sync
+            target.finish(self.rank, exc)  # at once: the payload may be long (or never come)
             self._discard(nbytes)
-            target.finish(self.rank, exc)
             return
         self._current = target
         self._read_into(view, at_boundary=False)

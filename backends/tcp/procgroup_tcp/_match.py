@@ -4,18 +4,23 @@ A reader thread asks :meth:`Matcher.match_incoming` where a frame lands: the fir
 posted receive with its tag and source (or any source), else a new buffer on the
 unexpected queue, which a later receive takes before it would post. A receive is a
 :class:`PostedRecv`, itself the Work the caller waits on (one object per message).
-Sizes and dtypes must match exactly; a mismatch fails that receive only.
+Sizes and dtypes must match exactly; a mismatch fails that receive only (a frame
+larger than the buffer: PeerError naming the sender, smaller or of another dtype:
+InvalidArrayError). A collective's receive also compares the frame's fingerprint
+with its own; a tag found mismatched is *dead* for a while: its receives fail with
+the MismatchError and its late frames are dropped (see :meth:`Matcher.poison`).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from procgroup.backend import CompletedWork, Work, fresh
-from procgroup.errors import CommTimeoutError, InvalidArrayError
+from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
 
 from ._wire import dtype_code, dtype_of
 
@@ -24,6 +29,9 @@ def check_size(nbytes: int, dtype_char: bytes, view: memoryview, dtype: np.dtype
     """Refuse a frame whose size or dtype differs from the receive buffer, naming both."""
     if nbytes == view.nbytes and (dtype_char == dtype_code(dtype) or dtype_of(dtype_char) == dtype):
         return
+    if nbytes > view.nbytes:
+        raise PeerError(f"rank {sender} sent a message of {nbytes} bytes into a receive buffer of "
+                        f"{view.nbytes} bytes; size and dtype must match", rank=sender)
     raise InvalidArrayError(
         f"message from rank {sender} has {nbytes} bytes of dtype {dtype_of(dtype_char)!s} but the receive "
         f"buffer has {view.nbytes} bytes of dtype {dtype}; size and dtype must match"
@@ -102,11 +110,12 @@ class PostedRecv(Work):
 class Unexpected:
     """A frame that arrived before its receive was posted; its payload is kept here."""
 
-    __slots__ = ("data", "done", "dtype_char", "error", "src", "tag")
+    __slots__ = ("data", "done", "dtype_char", "error", "fp", "src", "tag")
 
-    def __init__(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> None:
+    def __init__(self, src: int, tag: int, nbytes: int, dtype_char: bytes, fp: bytes) -> None:
         self.src = src
         self.tag = tag
+        self.fp = fp
         self.data = np.empty(nbytes, dtype=np.uint8)  # not zero-filled: it is overwritten
         self.dtype_char = dtype_char
         self.done = threading.Event()
@@ -122,6 +131,25 @@ class Unexpected:
     def fail(self, error: BaseException) -> None:
         if not self.done.is_set():
             self.finish(self.src, error)
+
+
+class Discard:
+    """Where a frame of a dead tag goes: its payload is read and dropped."""
+
+    def admit(self, nbytes: int, dtype_char: bytes, sender: int) -> memoryview:
+        raise _DROPPED
+
+    def finish(self, sender: int, error: BaseException | None = None) -> None:
+        pass
+
+    def fail(self, error: BaseException) -> None:
+        pass
+
+
+_DROPPED = LookupError("dropped: the frame belongs to a collective that already failed")
+DISCARD = Discard()
+#: A tag found mismatched stays dead this long (its late frames are dropped meanwhile).
+DEAD_TAG_SECONDS = 30.0
 
 
 class Matcher:
@@ -140,21 +168,33 @@ class Matcher:
         self._lock = threading.Lock()
         self._posted: list[PostedRecv] = []
         self._unexpected: list[Unexpected] = []
+        #: tag -> (the MismatchError of its collective, until when the tag stays dead)
+        self.dead: dict[int, tuple[BaseException, float]] = {}
 
-    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> PostedRecv | Unexpected:
+    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes,
+                       fp: bytes) -> PostedRecv | Unexpected | Discard:
         """The posted receive a frame belongs to, or a new entry on the unexpected queue."""
         with self._lock:
+            if self.dead and tag in self.dead:
+                return DISCARD
             for i, req in enumerate(self._posted):
                 if req.tag == tag and (req.src is None or req.src == src):
                     del self._posted[i]
                     return req
-            ux = Unexpected(src, tag, nbytes, dtype_char)
+            ux = Unexpected(src, tag, nbytes, dtype_char, fp)
             self._unexpected.append(ux)
             return ux
 
-    def post(self, view: memoryview, src: int | None, tag: int, dtype: np.dtype) -> Work:
-        """A receive: served from the unexpected queue when its frame came first."""
+    def post(self, view: memoryview, src: int | None, tag: int, dtype: np.dtype, fp: bytes | None = None,
+             mismatched: Callable[[int, bytes, bytes, Unexpected], BaseException] | None = None) -> Work:
+        """A receive: served from the unexpected queue when its frame came first.
+
+        ``fp``: the fingerprint of the collective posting it; a queued frame carrying
+        another is refused with ``mismatched(tag, fp, frame.fp, frame)``.
+        """
         with self._lock:
+            if self.dead and tag in self.dead:
+                raise fresh(self.dead[tag][0])
             for i, ux in enumerate(self._unexpected):
                 if ux.tag == tag and (src is None or ux.src == src):
                     del self._unexpected[i]
@@ -165,10 +205,14 @@ class Matcher:
                 req = PostedRecv(self, view, src, tag, dtype)
                 self._posted.append(req)
                 return req
+        if fp is not None and ux.fp != fp and mismatched is not None:
+            raise mismatched(tag, fp, ux.fp, ux)
         self._deliver(ux, view, dtype)
         return CompletedWork("irecv", ux.src)
 
     def _deliver(self, ux: Unexpected, view: memoryview, dtype: np.dtype) -> None:
+        # refuse a frame of the wrong size at once, not after its payload has arrived
+        check_size(ux.data.nbytes, ux.dtype_char, view, dtype, self.global_rank(ux.src))
         if not ux.done.wait(self.timeout):
             raise CommTimeoutError(
                 f"message from rank {self.global_rank(ux.src)} did not finish arriving within {self.timeout}s",
@@ -186,6 +230,23 @@ class Matcher:
                 self._posted.remove(req)
                 return True
             return False
+
+    def poison(self, tag: int, exc: BaseException) -> bool:
+        """The collective of ``tag`` failed with ``exc`` (a MismatchError): fail its
+        receives now and later, drop its frames. False when it was dead already."""
+        now = time.monotonic()
+        with self._lock:
+            if tag in self.dead:
+                return False
+            for old in [t for t, (_, until) in self.dead.items() if until < now]:
+                del self.dead[old]
+            self.dead[tag] = (exc, now + DEAD_TAG_SECONDS)
+            waiting = [r for r in self._posted if r.tag == tag]
+            self._posted = [r for r in self._posted if r.tag != tag]
+            self._unexpected = [u for u in self._unexpected if u.tag != tag]
+        for req in waiting:
+            req.fail(fresh(exc))
+        return True
 
     def fail_from(self, src: int, exc: BaseException) -> None:
         """Fail the receives that wait on ``src`` alone (it said goodbye)."""
@@ -206,4 +267,4 @@ class Matcher:
             ux.fail(exc)
 
 
-__all__ = ["Matcher", "PostedRecv", "Unexpected", "check_size"]
+__all__ = ["DEAD_TAG_SECONDS", "DISCARD", "Discard", "Matcher", "PostedRecv", "Unexpected", "check_size"]

@@ -8,7 +8,11 @@ processed in pieces of the slot's size.
 
 Synchronisation is by monotonic counters in the flag lines: a rank writes its data,
 then bumps its counter; the others wait (:func:`procgroup.backend.poll`) until every
-counter has reached the target. x86-64 keeps stores in program order (TSO), which is
+counter has reached the target. Every op starts with a round through the small slots
+in which each rank publishes what it is about to do (op, size, dtype, root, reduce
+op) beside its counter; all compare, so ranks that disagree all raise the same
+MismatchError at the same step and the counters stay in agreement (the group stays
+usable). x86-64 keeps stores in program order (TSO), which is
 what makes "data, then counter" safe; other architectures use the socket path. While
 waiting, a peer's death (seen by the tcp reader threads, asked through ``check`` and
 ``has_left``) or the channel timeout ends the wait with the socket path's errors.
@@ -29,8 +33,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 from procgroup.algorithms.ring import chunk_bounds
-from procgroup.backend import ChannelContext, env_flag, poll
-from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
+from procgroup.backend import ChannelContext, Fingerprint, env_flag, mismatch, poll
+from procgroup.errors import CommTimeoutError, MismatchError, PeerError
 from procgroup.ops import ReduceOp, finish_average, reduce_into
 
 from ._conn import left_error
@@ -46,12 +50,16 @@ LARGE_SLOT_BYTES = 16 * 1024 * 1024
 _FLAG_STRIDE = 8
 _SEQ, _BARRIER = 0, 1
 _SMALL_SIG = (2, 4)  # (size, op) words of the small round, one pair per buffer parity
-_LARGE_SIG = 6
-#: a ReduceOp's number in the op descriptions the ranks compare
-_OP_CODES = {op: i for i, op in enumerate(ReduceOp)}
+#: a ReduceOp's number in the op descriptions the ranks compare (0: none)
+_OP_CODES = {op: i + 1 for i, op in enumerate(ReduceOp)}
+_REDUCE_OPS = {i + 1: op for i, op in enumerate(ReduceOp)}
 #: tests of a wait made inline before it goes to poll() (a few microseconds)
 _INLINE_TESTS = 64
-_OPCODES = {"all_reduce": 1, "broadcast": 2, "reduce": 3, "all_gather": 4, "reduce_scatter": 5, "all_to_all": 6}
+_OPCODES = {"all_reduce": 1, "broadcast": 2, "reduce": 3, "all_gather": 4, "reduce_scatter": 5, "all_to_all": 6,
+            "gather": 7, "scatter": 8, "barrier": 9}
+_OPNAMES = {code: name for name, code in _OPCODES.items()}
+_BYTE = np.dtype(np.uint8)
+NO_ROOT = -1
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -97,7 +105,7 @@ def _guarded(op: str) -> Callable[[F], F]:
             self._op = op
             try:
                 return fn(self, *args)
-            except InvalidArrayError:
+            except MismatchError:
                 raise  # found by every rank at the same step: the counters still agree
             except BaseException as exc:
                 self._broken(PeerError(
@@ -211,24 +219,52 @@ class SharedMemoryArena:
             pass  # an async op still holds a view; the OS frees it at exit
 
     # ------------------------------------------------------------------ agreement
-    def _publish(self, word: int, nbytes: int, dtype: np.dtype, root: int = 0) -> None:
+    def _publish(self, word: int, nbytes: int, dtype: np.dtype, root: int, reduce_code: int) -> None:
         """What this rank is about to do, for the others to compare with theirs."""
         at = self.rank * _FLAG_STRIDE + word
         self._fl[at] = nbytes
-        self._fl[at + 1] = (_OPCODES[self._op] << 32) | (root << 8) | dtype.num
+        self._fl[at + 1] = _OPCODES[self._op] | ord(dtype.char) << 8 | reduce_code << 16 | (root + 1) << 24
+
+    def _described(self, at: int) -> Fingerprint:
+        """The op a rank published at flag word ``at``, as a Fingerprint (for messages)."""
+        nbytes, desc = self._fl[at], self._fl[at + 1]
+        return Fingerprint(_OPNAMES.get(desc & 0xFF, f"op#{desc & 0xFF}"), self._seq, chr(desc >> 8 & 0xFF),
+                           nbytes, (desc >> 24) - 1, _REDUCE_OPS.get(desc >> 16 & 0xFF))
 
     def _check_agreement(self, word: int) -> None:
         fl = self._fl
         mine = self.rank * _FLAG_STRIDE + word
         size, kind = fl[mine], fl[mine + 1]
-        differ = [k for k in range(self.size)
-                  if fl[k * _FLAG_STRIDE + word] != size or fl[k * _FLAG_STRIDE + word + 1] != kind]
-        if differ:
-            who = ", ".join(str(self.ctx.global_rank(k)) for k in differ)
-            raise InvalidArrayError(
-                f"ranks disagree on this {self._op}: rank(s) {who} passed a different array size, "
-                f"dtype, op or root than rank {self.ctx.global_rank(self.rank)} "
-                f"({size} bytes); every rank must pass the same")
+        for k in range(self.size):
+            if fl[k * _FLAG_STRIDE + word] != size or fl[k * _FLAG_STRIDE + word + 1] != kind:
+                break
+        else:
+            return
+        exc = mismatch(self._described(mine), self._described(k * _FLAG_STRIDE + word),
+                       self.ctx.global_rank(self.rank), self.ctx.global_rank(k))
+        differ = [self.ctx.global_rank(j) for j in range(self.size)
+                  if fl[j * _FLAG_STRIDE + word] != size or fl[j * _FLAG_STRIDE + word + 1] != kind]
+        if len(differ) > 1:
+            exc = MismatchError(f"{exc} (ranks {differ} differ from rank {self.ctx.global_rank(self.rank)})",
+                                ranks=sorted({self.ctx.global_rank(self.rank), *differ}))
+        raise exc
+
+    def agree(self, op: str, array: np.ndarray | None, root: int = NO_ROOT) -> None:
+        """Collective: the ranks agree on ``op`` (run over the sockets next), or all raise
+        MismatchError; for a barrier, this round is the whole op."""
+        self._op = op
+        try:
+            if array is None:
+                self._small_round(None, 0, _BYTE, root)
+            else:
+                self._small_round(None, array.nbytes, array.dtype, root)
+        except MismatchError:
+            raise
+        except BaseException as exc:
+            self._broken(PeerError(
+                f"a shared-memory collective was interrupted ({type(exc).__name__}: {exc}); "
+                f"this group cannot be used any more"))
+            raise
 
     # ------------------------------------------------------------------ waiting
     def _wait_all(self, column: int, target: int) -> None:
@@ -279,7 +315,8 @@ class SharedMemoryArena:
         self._fl[self.rank * _FLAG_STRIDE + _BARRIER] = self._barrier
         self._wait_all(_BARRIER, self._barrier)
 
-    def _small_round(self, payload: np.ndarray | None, nbytes: int, dtype: np.dtype, root: int = 0) -> np.ndarray:
+    def _small_round(self, payload: np.ndarray | None, nbytes: int, dtype: np.dtype, root: int = NO_ROOT,
+                     reduce_code: int = 0) -> np.ndarray:
         """One exchange through the small slots: write ``payload`` (if any), wait for all.
 
         Returns the slots (n x SMALL_BYTES) to read from. Double-buffered by parity: the
@@ -294,7 +331,7 @@ class SharedMemoryArena:
         if payload is not None:  # a flat array of ``dtype``, ``nbytes`` long
             self._small_slot_views(nbytes, dtype)[self.rank][...] = payload
         word = _SMALL_SIG[seq % 2]
-        self._publish(word, nbytes, dtype, root)
+        self._publish(word, nbytes, dtype, root, reduce_code)
         self._fl[self.rank * _FLAG_STRIDE + _SEQ] = seq
         self._wait_all(_SEQ, seq)
         self._check_agreement(word)
@@ -311,11 +348,9 @@ class SharedMemoryArena:
             views = self._small_views[key] = [slots[k, :nbytes].view(dtype) for k in range(self.size)]
         return views
 
-    def _large_begin(self, nbytes: int, dtype: np.dtype, root: int = 0) -> None:
-        """Agree on the op before any slot is touched: publish, meet, compare."""
-        self._publish(_LARGE_SIG, nbytes, dtype, root)
-        self._barrier_all()
-        self._check_agreement(_LARGE_SIG)
+    def _large_begin(self, nbytes: int, dtype: np.dtype, root: int = NO_ROOT, reduce_code: int = 0) -> None:
+        """Agree on the op before any slot is touched: a small round with no payload."""
+        self._small_round(None, nbytes, dtype, root, reduce_code)
 
     def _pieces(self, count: int, itemsize: int, parts: int = 1) -> list[tuple[int, int]]:
         """Element ranges that fit a large slot ``parts`` times over."""
@@ -339,10 +374,10 @@ class SharedMemoryArena:
         the chunks the others reduce, reduce mine from every slot, publish it, copy theirs."""
         flat = array.reshape(-1)
         if flat.nbytes <= SMALL_BYTES:
-            self._small_round(flat, flat.nbytes, flat.dtype, _OP_CODES[op])
+            self._small_round(flat, flat.nbytes, flat.dtype, NO_ROOT, _OP_CODES[op])
             self._reduce_slots_into(flat, self._small_slot_views(flat.nbytes, flat.dtype), op)
             return
-        self._large_begin(flat.nbytes, flat.dtype, _OP_CODES[op])
+        self._large_begin(flat.nbytes, flat.dtype, NO_ROOT, _OP_CODES[op])
         r = self.rank
         for lo, hi in self._pieces(flat.size, flat.itemsize):
             part = flat[lo:hi]
@@ -407,13 +442,12 @@ class SharedMemoryArena:
         Non-root arrays are only read, never written.
         """
         flat = array.reshape(-1)
-        opcode = _OP_CODES[op] << 16 | root
         if flat.nbytes <= SMALL_BYTES:
-            small = self._small_round(flat, flat.nbytes, flat.dtype, opcode)
+            small = self._small_round(flat, flat.nbytes, flat.dtype, root, _OP_CODES[op])
             if self.rank == root:
                 self._reduce_slots_into(flat, [small[k, : flat.nbytes].view(flat.dtype) for k in range(self.size)], op)
             return
-        self._large_begin(flat.nbytes, flat.dtype, opcode)
+        self._large_begin(flat.nbytes, flat.dtype, root, _OP_CODES[op])
         r = self.rank
         for lo, hi in self._pieces(flat.size, flat.itemsize):
             bounds = chunk_bounds(hi - lo, self.size)
@@ -437,7 +471,7 @@ class SharedMemoryArena:
         out = output.reshape(-1)
         ins = [i.reshape(-1) for i in inputs]
         n, r = self.size, self.rank
-        self._large_begin(out.nbytes, out.dtype, _OP_CODES[op])
+        self._large_begin(out.nbytes, out.dtype, NO_ROOT, _OP_CODES[op])
         for lo, hi in self._pieces(out.size, out.itemsize, parts=n):
             count = hi - lo
             self._barrier_all()

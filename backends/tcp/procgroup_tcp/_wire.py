@@ -1,7 +1,10 @@
-"""The tcp backend's framing: a fixed 32-byte header, then the raw payload bytes.
+"""The tcp backend's framing: a fixed 64-byte header, then the raw payload bytes.
 
 The bottom layer: structs and byte views only, no sockets or threads. All lengths are
-64-bit, so a single message may exceed 2 GiB.
+64-bit, so a single message may exceed 2 GiB. The header's last 32 bytes are the
+fingerprint of the op that sent the frame (:class:`procgroup.backend.Fingerprint`,
+packed; all zero for user messages), which the receiver compares with its own.
+docs/backends/tcp.md draws the wire.
 """
 
 from __future__ import annotations
@@ -11,43 +14,63 @@ import struct
 import numpy as np
 
 MAGIC = 0x5047  # "PG"
-VERSION = 1
+VERSION = 2  # 2: the fingerprint in the header, the listener's nonce in the hello
 
-# kind (u8), dtype char (1 byte), magic (u16), reserved (u32), tag, seq, nbytes (u64 each)
-HEADER = struct.Struct("<BcHIQQQ")
+# kind (u8), dtype char (1 byte), magic (u16), reserved (u32), tag, seq, nbytes (u64 each),
+# the op's fingerprint (32 bytes)
+HEADER = struct.Struct("<BcHIQQQ32s")
 HEADER_SIZE = HEADER.size
+FP_SIZE = 32
+#: the fingerprint of a user message: its dtype and size are in the header already
+NO_FP = bytes(FP_SIZE)
 
 KIND_DATA = 1
 KIND_GOODBYE = 2  # the peer is closing cleanly (destroy_process_group / exit)
+KIND_MISMATCH = 3  # the peer found a collective's fingerprints disagree (payload: NOTICE)
+KIND_PEER_LOST = 4  # the peer lost another rank (payload: LOST + the reason, utf-8)
+KINDS = frozenset((KIND_DATA, KIND_GOODBYE, KIND_MISMATCH, KIND_PEER_LOST))
+LOST = struct.Struct("<q")
+MAX_LOST_BYTES = 4096
 
-# hello sent by the connecting side: magic, version, sender rank, channel size, group id
-HELLO = struct.Struct("<HHIIQ")
+# hello sent by the connecting side after the handshake: magic, version, sender rank,
+# channel size, group id, the nonce the listener published in the store
+NONCE_SIZE = 16
+HELLO = struct.Struct(f"<HHIIQ{NONCE_SIZE}s")
 HELLO_SIZE = HELLO.size
 
+# a mismatch notice: the detector's world rank, the sender's world rank, the detector's
+# fingerprint, the one the frame carried
+NOTICE = struct.Struct(f"<qq{FP_SIZE}s{FP_SIZE}s")
+NOTICE_SIZE = NOTICE.size
 
-def pack_header(kind: int, dtype_char: bytes, tag: int, seq: int, nbytes: int) -> bytes:
-    return HEADER.pack(kind, dtype_char, MAGIC, 0, tag, seq, nbytes)
+
+def pack_header(kind: int, dtype_char: bytes, tag: int, seq: int, nbytes: int, fp: bytes = NO_FP) -> bytes:
+    return HEADER.pack(kind, dtype_char, MAGIC, 0, tag, seq, nbytes, fp)
 
 
-def unpack_header(buf: bytes | bytearray | memoryview) -> tuple[int, bytes, int, int, int]:
-    """Returns (kind, dtype_char, tag, seq, nbytes); ValueError on a corrupt header."""
-    kind, dtype_char, magic, _, tag, seq, nbytes = HEADER.unpack(buf)
+def unpack_header(buf: bytes | bytearray | memoryview) -> tuple[int, bytes, int, int, int, bytes]:
+    """Returns (kind, dtype_char, tag, seq, nbytes, fp); ValueError on a corrupt header."""
+    kind, dtype_char, magic, _, tag, seq, nbytes, fp = HEADER.unpack(buf)
     if magic != MAGIC:
         raise ValueError(f"bad frame magic {magic:#x}: the stream is corrupt or not procgroup's")
-    return kind, dtype_char, tag, seq, nbytes
+    return kind, dtype_char, tag, seq, nbytes, fp
 
 
-def pack_hello(rank: int, size: int, group_id: int) -> bytes:
-    return HELLO.pack(MAGIC, VERSION, rank, size, group_id)
+def pack_hello(rank: int, size: int, group_id: int, nonce: bytes) -> bytes:
+    return HELLO.pack(MAGIC, VERSION, rank, size, group_id, nonce)
 
 
-def unpack_hello(buf: bytes, size: int, group_id: int) -> int:
+def unpack_hello(buf: bytes, size: int, group_id: int, nonce: bytes) -> int:
     """The connecting peer's rank; ValueError when it is not a peer of this channel."""
-    magic, version, rank, their_size, their_group = HELLO.unpack(buf)
+    magic, version, rank, their_size, their_group, their_nonce = HELLO.unpack(buf)
     if magic != MAGIC or version != VERSION:
         raise ValueError(f"not a procgroup tcp peer (magic {magic:#x}, version {version})")
     if their_size != size or their_group != group_id:
         raise ValueError(f"peer is from another group (size {their_size}, group {their_group})")
+    if their_nonce != nonce:
+        raise ValueError("peer read another listener's address: a different job holds this port")
+    if not 0 <= rank < size:
+        raise ValueError(f"peer claims rank {rank} of a group of {size}")
     return rank
 
 
@@ -76,10 +99,20 @@ def dtype_of(code: bytes) -> np.dtype | bytes:
 
 
 __all__ = [
+    "FP_SIZE",
     "HEADER_SIZE",
     "HELLO_SIZE",
+    "KINDS",
     "KIND_DATA",
     "KIND_GOODBYE",
+    "KIND_MISMATCH",
+    "KIND_PEER_LOST",
+    "LOST",
+    "MAX_LOST_BYTES",
+    "NONCE_SIZE",
+    "NOTICE",
+    "NOTICE_SIZE",
+    "NO_FP",
     "byte_view",
     "dtype_code",
     "dtype_of",

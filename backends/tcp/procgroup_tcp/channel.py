@@ -8,6 +8,12 @@ through the matcher, and a peer lost without a goodbye breaks the channel
 (:meth:`~procgroup.backend.DataChannel.fail`): every pending and later call raises
 :class:`~procgroup.errors.PeerError` naming that rank.
 
+Agreement: every collective over the sockets carries its op's fingerprint in its
+frames (``_fingerprints``), the arena compares the ranks' descriptions of each op;
+ranks that disagree get a :class:`~procgroup.errors.MismatchError` on every rank
+(the rank that sees it first tells every peer with a mismatch notice), and the
+group stays usable.
+
 Ops, in the SDK's forms: ``start_recv`` posts a receive (its Work is the posted
 receive itself); ``start_send`` writes small messages inline and queues large ones on
 the peer's sender thread; ``do_send`` writes on the caller's thread, cheaper than a
@@ -25,18 +31,22 @@ from procgroup.backend import (
     ChannelContext,
     CompletedWork,
     DataChannel,
+    Fingerprint,
     FutureWork,
+    SubChannel,
     Work,
     host_address,
+    mismatch,
 )
 from procgroup.errors import ChannelClosedError, PeerError
 from procgroup.ops import ReduceOp
 
 from ._collectives import PIPELINE_MIN_BYTES, pipelined_ring_all_reduce
 from ._conn import Peer, PeerEvents, connect_mesh, left_error
-from ._match import Matcher, PostedRecv, Unexpected
+from ._fingerprints import Fingerprinted
+from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._shm import SharedMemoryArena, all_on_one_host
-from ._wire import byte_view, dtype_code
+from ._wire import KIND_MISMATCH, KIND_PEER_LOST, LOST, MAX_LOST_BYTES, NO_FP, NOTICE, byte_view, dtype_code
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +54,14 @@ log = logging.getLogger(__name__)
 INLINE_SEND_BYTES = 256 * 1024
 
 
-class TcpChannel(DataChannel, PeerEvents):
+class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     """The tcp backend's communicator; see the module docstring for the layers."""
 
     backend_name = "tcp"
 
     def __init__(self, ctx: ChannelContext) -> None:
         super().__init__(ctx)
+        self._init_fingerprints({})
         self._peers: dict[int, Peer] = {}
         self._shm: SharedMemoryArena | None = None
         self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post)
@@ -93,84 +104,151 @@ class TcpChannel(DataChannel, PeerEvents):
             raise left_error(self._peers[src].global_rank)
 
     # ---------------------------------------------------------------- PeerEvents
-    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes) -> PostedRecv | Unexpected:
-        return self._matcher.match_incoming(src, tag, nbytes, dtype_char)
+    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes,
+                       fp: bytes) -> PostedRecv | Unexpected | Discard:
+        expected = self._fps.get(tag)
+        if expected is not None and fp != expected:
+            self._mismatched(tag, expected, fp, src)
+            return DISCARD
+        return self._matcher.match_incoming(src, tag, nbytes, dtype_char, fp)
+
+    def _mismatched(self, tag: int, mine: bytes, theirs: bytes, src: int | Unexpected) -> BaseException:
+        """This rank found the collective of ``tag`` disagrees: fail it here, tell every peer."""
+        if isinstance(src, Unexpected):
+            theirs, src = src.fp, src.src
+        me, them = self.ctx.global_rank(self.rank), self.ctx.global_rank(src)
+        exc = mismatch(Fingerprint.unpack(mine), Fingerprint.unpack(theirs), me, them)
+        if self._matcher.poison(tag, exc):
+            notice = memoryview(NOTICE.pack(me, them, mine, theirs))
+            for peer in self._peers.values():
+                if not peer.left:
+                    peer.send_async(notice, tag, b"B", NO_FP, KIND_MISMATCH)
+        return exc
+
+    def mismatch_notice(self, peer: Peer, tag: int, notice: bytes) -> None:
+        """A peer found the collective of ``tag`` disagrees: it fails here too."""
+        detector, sender, mine, theirs = NOTICE.unpack(notice)
+        self._matcher.poison(tag, mismatch(Fingerprint.unpack(mine), Fingerprint.unpack(theirs), detector, sender))
 
     def peer_left(self, peer: Peer) -> None:
         """A goodbye: fail the receives that wait on that peer alone."""
         self._matcher.fail_from(peer.rank, left_error(peer.global_rank))
 
     def peer_failed(self, peer: Peer, exc: PeerError) -> None:
-        """A connection dropped without goodbye: break the channel for every caller."""
+        """A connection dropped without goodbye: break the channel for every caller, and
+        tell the other peers which rank it was (they may see this rank go next, and must
+        not blame it)."""
+        if not self._break(peer, exc):
+            return
+        body = LOST.pack(peer.global_rank) + str(exc).encode()[:MAX_LOST_BYTES - LOST.size]
+        for other in self._peers.values():
+            if other is not peer and not other.left:
+                try:
+                    other.send_async(memoryview(body), 0, b"B", NO_FP, KIND_PEER_LOST)
+                except RuntimeError:  # its sender is shut down: we are closing
+                    pass
+
+    def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
+        """A peer lost rank ``lost``: this channel is broken too, and names that rank."""
+        self._break(peer, PeerError(f"{reason} (reported by rank {peer.global_rank})", rank=lost))
+
+    def _break(self, peer: Peer, exc: PeerError) -> bool:
         if not self.fail(exc):  # closed or broken already
             peer.fail_current(exc)
-            return
+            return False
         self._matcher.fail_all(exc)
         for other in self._peers.values():
             other.fail_pending_sends(exc)
             other.fail_current(exc)
+        return True
 
     # ---------------------------------------------------------------- point to point
     def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
-        self._peer(dst).send(byte_view(array), tag, dtype_code(array.dtype))
+        self._peer(dst).send(byte_view(array), tag, dtype_code(array.dtype), self._fps.get(tag, NO_FP))
 
     def start_send(self, array: Any, dst: int, tag: int = 0) -> Work:
         peer = self._peer(dst)
         view = byte_view(array)
         dtype_char = dtype_code(array.dtype)
+        fp = self._fps.get(tag, NO_FP)
         if view.nbytes <= INLINE_SEND_BYTES and not peer.has_queued_sends:
-            peer.send(view, tag, dtype_char)
+            peer.send(view, tag, dtype_char, fp)
             return CompletedWork("isend")
-        return FutureWork("isend", peer.send_async(view, tag, dtype_char))
+        return FutureWork("isend", peer.send_async(view, tag, dtype_char, fp))
 
     def start_recv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
         self.check_usable()
         if src is not None and src not in self._peers:
             raise PeerError(f"rank {self.ctx.global_rank(src)} is not a peer of this channel", rank=src)
-        return self._matcher.post(byte_view(array), src, tag, array.dtype)
+        return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatched)
 
     # ---------------------------------------------------------------- collectives
-    # Ranks on one host use the shared-memory arena; otherwise the base's algorithms run
-    # over the sockets (all_reduce of large arrays: the pipelined ring).
+    # Ranks on one host use the shared-memory arena (which compares the ranks' op
+    # descriptions first); otherwise the base's algorithms run over the sockets under the
+    # op's fingerprint (all_reduce of large arrays: the pipelined ring).
     def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
         shm = self._shm
         if shm is not None:  # the latency-critical case, dispatched first
-            if array.size:
-                shm.all_reduce(array, op)
+            shm.all_reduce(array, op)
         elif array.nbytes >= PIPELINE_MIN_BYTES and self.size > 1:
-            pipelined_ring_all_reduce(self, array, op, self.next_collective_tag())
+            self._fingerprinted("all_reduce", array, self._ring_all_reduce, array, op, reduce_op=op)
         else:
-            super().do_all_reduce(array, op)
+            self._fingerprinted("all_reduce", array, super().do_all_reduce, array, op, reduce_op=op)
+
+    def _ring_all_reduce(self, array: Any, op: ReduceOp) -> None:
+        pipelined_ring_all_reduce(self, array, op, self.next_collective_tag())
 
     def do_broadcast(self, array: Any, src: int) -> None:
         if self._shm is None:
-            super().do_broadcast(array, src)
-        elif array.size:
+            self._fingerprinted("broadcast", array, super().do_broadcast, array, src, root=src)
+        else:
             self._shm.broadcast(array, src)
 
     def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
         if self._shm is None:
-            super().do_reduce(array, dst, op)
-        elif array.size:
+            self._fingerprinted("reduce", array, super().do_reduce, array, dst, op, root=dst, reduce_op=op)
+        else:
             self._shm.reduce(array, dst, op)
 
     def do_all_gather(self, output_list: Sequence[Any], array: Any) -> None:
         if self._shm is None:
-            super().do_all_gather(output_list, array)
-        elif array.size:
+            self._fingerprinted("all_gather", array, super().do_all_gather, output_list, array)
+        else:
             self._shm.all_gather(list(output_list), array)
+
+    def do_gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
+        if self._shm is not None:
+            self._shm.agree("gather", array, dst)
+        self._fingerprinted("gather", array, super().do_gather, array, gather_list, dst, root=dst)
+
+    def do_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
+        if self._shm is not None:
+            self._shm.agree("scatter", array, src)
+        self._fingerprinted("scatter", array, super().do_scatter, array, scatter_list, src, root=src)
 
     def do_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
         if self._shm is None:
-            super().do_reduce_scatter(output, input_list, op)
-        elif output.size:
+            self._fingerprinted("reduce_scatter", output, super().do_reduce_scatter, output, input_list, op,
+                                reduce_op=op)
+        else:
             self._shm.reduce_scatter(output, list(input_list), op)
 
     def do_all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> None:
         if self._shm is None:
-            super().do_all_to_all(output_list, input_list)
-        elif input_list[0].size:
+            self._fingerprinted("all_to_all", input_list[0], super().do_all_to_all, output_list, input_list)
+        else:
             self._shm.all_to_all(list(output_list), list(input_list))
+
+    def do_barrier(self) -> None:
+        if self._shm is None:
+            self._fingerprinted("barrier", None, super().do_barrier)
+        else:
+            self._shm.agree("barrier", None)
+
+    # ---------------------------------------------------------------- groups
+    def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
+        """A sub-channel on these sockets whose collectives carry fingerprints too."""
+        return TcpSubChannel(self, ranks, ctx)
 
     # ---------------------------------------------------------------- teardown
     def do_close(self) -> None:
@@ -185,4 +263,44 @@ class TcpChannel(DataChannel, PeerEvents):
             self._shm.close()
 
 
-__all__ = ["INLINE_SEND_BYTES", "TcpChannel"]
+class TcpSubChannel(Fingerprinted, SubChannel):
+    """A group on its parent's sockets; its collectives register their fingerprints in
+    the root channel's registry, which the root's receive path compares."""
+
+    def __init__(self, parent: DataChannel, ranks: Sequence[int], ctx: ChannelContext) -> None:
+        super().__init__(parent, ranks, ctx)
+        self._init_fingerprints(parent._fps)  # type: ignore[attr-defined]
+
+    def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
+        return TcpSubChannel(self, ranks, ctx)
+
+    def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
+        self._fingerprinted("all_reduce", array, super().do_all_reduce, array, op, reduce_op=op)
+
+    def do_broadcast(self, array: Any, src: int) -> None:
+        self._fingerprinted("broadcast", array, super().do_broadcast, array, src, root=src)
+
+    def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
+        self._fingerprinted("reduce", array, super().do_reduce, array, dst, op, root=dst, reduce_op=op)
+
+    def do_all_gather(self, output_list: Sequence[Any], array: Any) -> None:
+        self._fingerprinted("all_gather", array, super().do_all_gather, output_list, array)
+
+    def do_gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
+        self._fingerprinted("gather", array, super().do_gather, array, gather_list, dst, root=dst)
+
+    def do_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
+        self._fingerprinted("scatter", array, super().do_scatter, array, scatter_list, src, root=src)
+
+    def do_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
+        self._fingerprinted("reduce_scatter", output, super().do_reduce_scatter, output, input_list, op,
+                            reduce_op=op)
+
+    def do_all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> None:
+        self._fingerprinted("all_to_all", input_list[0], super().do_all_to_all, output_list, input_list)
+
+    def do_barrier(self) -> None:
+        self._fingerprinted("barrier", None, super().do_barrier)
+
+
+__all__ = ["INLINE_SEND_BYTES", "TcpChannel", "TcpSubChannel"]
