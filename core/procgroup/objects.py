@@ -53,7 +53,7 @@ def _check_sizes(sizes: Sequence[int], owner: int, g: Any, op: str) -> None:
         if 0 <= size <= limit and total <= limit:
             continue
         what = f"a pickle of {size} bytes" if size < 0 or size > limit else f"pickles of {total} bytes in all"
-        why = (f"a negative size (a corrupt or forged announcement)" if size < 0 else
+        why = ("a negative size (a corrupt or forged announcement)" if size < 0 else
                f"over the limit of {limit} bytes ({ENV_MAX_OBJECT_BYTES}; set it alike on every rank)")
         if owner == g.rank:
             raise InvalidArgumentError(f"{op}: this rank's objects are {what}, {why}")

@@ -28,6 +28,8 @@ class Fingerprinted:
     """Mixin of TcpChannel and its sub-channels: ``_fingerprinted`` runs a collective
     with its fingerprint registered under the tag it draws (``next_collective_tag``)."""
 
+    #: the frames carry fingerprints: PROCGROUP_DEBUG=DETAIL needs no exchange of its own
+    checks_agreement = True
     _fps: dict[int, bytes]
     _fp_seq: int = 0
     _pending_fp: bytes | None = None
