@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from procgroup.errors import InvalidArgumentError
 from procgroup.testing import spawn
 from procgroup.testing._spawn import free_port
@@ -96,3 +95,27 @@ def test_bad_urls_name_the_scheme() -> None:
     with pytest.raises(InvalidArgumentError, match="world_size"):
         pg.init_process_group("tcp", "tcp://127.0.0.1:1", rank=0, world_size=0)
     assert not pg.is_initialized()
+
+
+def _token_rank(rank: int, size: int) -> tuple[bool, bool, bool]:
+    import os
+
+    import procgroup as pg
+    from procgroup import _auth, _state
+
+    pg.init_process_group("tcp", os.environ["TEST_URL"], rank=rank, world_size=size,
+                          token="the-job-token", timeout=30)
+    try:
+        key = _auth.job_key("the-job-token")
+        st = _state.state
+        assert st is not None and st.world.channel is not None
+        sub = pg.new_group([0, 1])
+        sub_ok = sub.channel is not None and sub.channel.ctx.job_key == key
+        return st.job_key == key, st.world.channel.ctx.job_key == key, sub_ok
+    finally:
+        pg.destroy_process_group()
+
+
+def test_token_argument_reaches_every_channel() -> None:
+    env = {"TEST_URL": f"tcp://127.0.0.1:{free_port()}"}
+    assert spawn(_token_rank, 2, init=False, env=env) == [(True, True, True)] * 2

@@ -215,6 +215,35 @@ def test_two_launchers_as_two_nodes(tmp_path: Path) -> None:
         assert e["PROCGROUP_BACKEND"] is None  # no --backend given
 
 
+def test_job_token_for_the_workers(tmp_path: Path) -> None:
+    """A fresh token per single-node job, the same for all its ranks (and restarts); one
+    given in PROCGROUP_JOB_TOKEN is passed on as it is (the way for multi-node jobs)."""
+    import os
+
+    script = write(tmp_path / "tok.py", """
+        import os
+        print("TOKEN", os.environ.get("PROCGROUP_JOB_TOKEN"))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PROCGROUP_JOB_TOKEN"}
+
+    def tokens(*args: str, extra: dict[str, str] | None = None) -> set[str]:
+        res = subprocess.run(launcher_cmd(*args, str(script)), capture_output=True, text=True,
+                             timeout=SAFETY, env={**env, **(extra or {})}, check=False)
+        assert res.returncode == 0, res.stderr
+        return {line.split()[-1] for line in res.stdout.splitlines() if "TOKEN" in line}
+
+    first, second = tokens("-n", "3"), tokens("-n", "2")
+    assert len(first) == 1 and len(second) == 1 and first != second
+    assert len(first.pop()) >= 32 and "None" not in second
+    assert tokens("-n", "2", extra={"PROCGROUP_JOB_TOKEN": "given-by-user"}) == {"given-by-user"}
+    with socket.socket() as sock:  # any port: these ranks never listen on it
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    res = subprocess.run(launcher_cmd("--nnodes", "2", "--node-rank", "1", "--master-port", port, str(script)),
+                         capture_output=True, text=True, timeout=SAFETY, env=env, check=False)
+    assert "PROCGROUP_JOB_TOKEN" in res.stderr and "TOKEN None" in res.stdout  # warned, none invented
+
+
 def test_module_mode(tmp_path: Path) -> None:
     pkg = tmp_path / "mypkg"
     pkg.mkdir()

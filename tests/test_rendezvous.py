@@ -471,3 +471,29 @@ def test_multicast(netns: tuple[list[str], bool]) -> None:
     (lonely,) = results["lonely"]
     assert lonely.startswith("StoreTimeoutError: tcp://: rendezvous timed out after 1.5s"), lonely
     assert "1 of 2 ranks announced themselves" in lonely and "missing 1 ranks" in lonely
+
+
+def test_multicast_strangers_are_ignored(netns: tuple[list[str], bool]) -> None:
+    """Announcements are signed with the job's key: a process with another token (same
+    group_name, address and port) never joins the job, and the job forms without it."""
+    prefix, _ = netns
+    url = "tcp://239.255.77.1:29572"
+    name = f"tok-{os.getpid()}"
+    jobs = [("job", {"world_size": 2, "group_name": name, "timeout": SAFE, "token": "ours"})] * 2
+    jobs.append(("stranger", {"world_size": 2, "group_name": name, "timeout": SHORT,
+                              "token": "theirs"}))
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    procs = [
+        subprocess.Popen(prefix + [sys.executable, "-c", MCAST_CODE, url, json.dumps(kw)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _, kw in jobs
+    ]
+    results: dict[str, list[Any]] = {}
+    for (job, _), p in zip(jobs, procs, strict=True):
+        out, err = p.communicate(timeout=SAFE * 2)
+        assert p.returncode == 0, err
+        results.setdefault(job, []).append(json.loads(out.strip().splitlines()[-1]))
+    check_group(results["job"], 2)
+    (stranger,) = results["stranger"]
+    assert stranger.startswith("StoreTimeoutError"), stranger
+    assert "1 of 2 ranks announced themselves" in stranger

@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Any, Mapping, Sequence
 
-from . import _ops, _state, config
+from . import _auth, _ops, _state, config
 from ._settings import timeout_seconds
 from .backend import DataChannel
 from .errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
@@ -39,6 +39,7 @@ def init_process_group(
     timeout: Any = None,
     store: Any = None,
     options: Mapping[str, Any] | None = None,
+    token: str | bytes | None = None,
 ) -> None:
     """Join the default process group: rendezvous, then connect the backend's channel.
 
@@ -46,6 +47,9 @@ def init_process_group(
     (a backend that finds its own peers, like mpi under mpiexec, needs none); ``timeout``
     (seconds or timedelta, default $PROCGROUP_TIMEOUT or 300 s) bounds every blocking call;
     ``options`` are the backend's own settings (see its docs), given to every channel.
+    ``token`` is the job's secret, the same on every rank (default $PROCGROUP_JOB_TOKEN;
+    procgroup-run sets one; file:// keeps one in its file): every connection of the job
+    proves it holds it (docs/security.md).
     """
     with _state.lock:
         if _state.state is not None:
@@ -55,10 +59,12 @@ def init_process_group(
         settings = config.init_settings(backend, init_method, world_size, rank, group_name, timeout)
         if options is not None and not isinstance(options, Mapping):
             raise InvalidArgumentError(f"init_process_group: options must be a dict, got {type(options).__name__}")
+        if token is not None and not isinstance(token, (str, bytes)):
+            raise InvalidArgumentError(f"init_process_group: token must be a str or bytes, got {type(token).__name__}")
         spec, cls = load_channel_class(settings.backend)
-        rank_, size, the_store, master_addr = _meet(settings, cls, store)
+        rank_, size, the_store, master_addr, key = _meet(settings, cls, store, token)
         st = _state.State(world=None, store=the_store, timeout=settings.timeout,  # type: ignore[arg-type]
-                          master_addr=master_addr, options=dict(options or {}))
+                          master_addr=master_addr, options=dict(options or {}), job_key=key)
         ctx = _state.make_context(st, range(size), rank_, 0, "world", settings.timeout)
         try:
             channel = cls(ctx)
@@ -75,8 +81,23 @@ def init_process_group(
     _after_init_hooks()
 
 
-def _meet(settings: config.InitSettings, cls: type[DataChannel], store: Any) -> tuple[int, int, Any, str | None]:
-    """Find rank, size and a Store: from ``store``, the backend itself, or the init method."""
+def _store_key(store: Any, token: str | bytes | None, master_addr: str | None) -> bytes:
+    """The job key: the one the store authenticated with (a TCPStore), else the token's."""
+    inner, key = store, None
+    for _ in range(16):  # through PrefixStores to the store that authenticated
+        key = getattr(inner, "job_key", None)
+        if key is not None or not hasattr(inner, "prefix"):
+            break
+        inner = getattr(inner, "store", None)
+    if token is None and isinstance(key, bytes) and key:
+        return key
+    return _auth.resolve_token(token, master_addr, where="init_process_group")
+
+
+def _meet(settings: config.InitSettings, cls: type[DataChannel], store: Any,
+          token: str | bytes | None = None) -> tuple[int, int, Any, str | None, bytes]:
+    """Find rank, size, a Store and the job key: from ``store``, the backend itself, or the
+    init method."""
     from .rendezvous import rendezvous
 
     if store is not None:
@@ -85,7 +106,7 @@ def _meet(settings: config.InitSettings, cls: type[DataChannel], store: Any) -> 
         if settings.rank < 0 or settings.world_size < 1:
             raise InvalidArgumentError("init_process_group: with store=..., rank and world_size must be given")
         _check_rank(settings.rank, settings.world_size, "init_process_group")
-        return settings.rank, settings.world_size, store, None
+        return settings.rank, settings.world_size, store, None, _store_key(store, token, None)
     found = cls.discover_world() if settings.init_method is None else None
     if found is not None:
         rank_, size = found
@@ -95,12 +116,14 @@ def _meet(settings: config.InitSettings, cls: type[DataChannel], store: Any) -> 
                     f"init_process_group: argument {name}={given} contradicts the {cls.backend_name} "
                     f"launcher, which says {name}={actual}"
                 )
-        return rank_, size, cls.discover_store(rank_, size, settings.timeout), None
+        found_store = cls.discover_store(rank_, size, settings.timeout)
+        return rank_, size, found_store, None, _store_key(found_store, token, None)
     result = rendezvous(
         settings.init_method or "env://", rank=settings.rank, world_size=settings.world_size,
-        group_name=settings.group_name, timeout=settings.timeout,
+        group_name=settings.group_name, timeout=settings.timeout, token=token,
     )
-    return result.rank, result.world_size, result.store, result.master_addr
+    key = result.job_key or _auth.resolve_token(token, result.master_addr, where="init_process_group")
+    return result.rank, result.world_size, result.store, result.master_addr, key
 
 
 def _check_rank(rank: int, size: int, where: str) -> None:

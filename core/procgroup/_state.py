@@ -32,6 +32,8 @@ class State:
     #: the group of this machine's ranks (utils.comm.create_local_process_group)
     local_group: Group | None = None
     local_size: int | None = None
+    #: the job's key (procgroup._auth.job_key): every connection a channel opens proves it
+    job_key: bytes | None = None
 
 
 state: State | None = None
@@ -84,6 +86,7 @@ def make_context(st: State, members: Sequence[int], my_rank: int, gid: int, labe
         rank=my_rank, size=len(members), store=PrefixStore(f"pg/{label}{gid}", st.store), timeout=timeout,
         master_addr=st.master_addr, global_ranks=tuple(members), group_id=gid,
         options={**st.options, **(options or {})}, open_side_channel=open_side_channel,
+        job_key=st.job_key,
     )
 
 

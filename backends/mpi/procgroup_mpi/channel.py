@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from mpi4py import MPI
-from procgroup.backend import ChannelContext, DataChannel, choose_address
+from procgroup.backend import ChannelContext, DataChannel, choose_address, job_key
 from procgroup.ops import ReduceOp, finish_average
 
 from . import _abort, _cuda
@@ -39,6 +40,7 @@ _ANY_SOURCE = MPI.ANY_SOURCE
 _Status = MPI.Status
 _AVG = ReduceOp.AVG
 _ADDRESS_BYTES = 512
+_KEY_BYTES = 32
 
 
 class MpiChannel(DataChannel):
@@ -66,20 +68,30 @@ class MpiChannel(DataChannel):
             return HashStore()
         if _abort.wanted():
             _abort.install(MPI.COMM_WORLD)
-        store = TCPStore("", 0, is_master=True, timeout=timeout) if rank == 0 else None
-        # "host port" in a fixed-size buffer, broadcast nonblocking so a rank 0 that failed
-        # above is a timeout on the others, not a hang
-        buf = bytearray(_ADDRESS_BYTES)
+        # rank 0 makes the job key ($PROCGROUP_JOB_TOKEN's when set, else a random one) and
+        # sends it with the address over MPI, whose own channel is trusted: only this job's
+        # ranks can then pass the store's handshake
+        key = b""
+        store = None
+        if rank == 0:
+            key = job_key(os.environ.get("PROCGROUP_JOB_TOKEN") or os.urandom(24).hex())
+            address = choose_address(None)
+            store = TCPStore(address, 0, is_master=True, timeout=timeout, job_key=key)
+        # key (32 bytes) + "host port" in a fixed-size buffer, broadcast nonblocking so a
+        # rank 0 that failed above is a timeout on the others, not a hang
+        buf = bytearray(_KEY_BYTES + _ADDRESS_BYTES)
         if store is not None:
-            text = f"{choose_address(None)} {store.port}".encode()
-            buf[:len(text)] = text
+            text = f"{address} {store.port}".encode()
+            buf[:_KEY_BYTES] = key
+            buf[_KEY_BYTES:_KEY_BYTES + len(text)] = text
         req = MPI.COMM_WORLD.Ibcast([buf, _BYTE], root=0)
         wait_all([req], timeout, f"broadcast of the Store address from rank 0 (rank {rank} waited)",
                  "init_process_group", keep=buf)
         if store is not None:
             return store
-        host, port = bytes(buf).rstrip(b"\0").decode().rsplit(" ", 1)
-        return TCPStore(host, int(port), timeout=timeout)
+        key = bytes(buf[:_KEY_BYTES])
+        host, port = bytes(buf[_KEY_BYTES:]).rstrip(b"\0").decode().rsplit(" ", 1)
+        return TCPStore(host, int(port), timeout=timeout, job_key=key)
 
     def __init__(self, ctx: ChannelContext, comm: Any = None) -> None:
         super().__init__(ctx)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import BinaryIO, cast
 
+from procgroup._auth import ENV_TOKEN, new_token
 from procgroup._launch import rankside
 from procgroup._launch.options import LaunchOptions
 from procgroup._launch.output import LockedStream, Pump
@@ -77,6 +78,7 @@ class Supervisor:
         self._signal: int | None = None
         self._escalate = False
         self._ranks: list[_Rank] = []
+        self._token = self._job_token()
 
     # ----- messages -----------------------------------------------------------------------
 
@@ -102,6 +104,25 @@ class Supervisor:
                 break
         return previous
 
+    # ----- the job token --------------------------------------------------------------------
+
+    def _job_token(self) -> str | None:
+        """The token the ranks share: $PROCGROUP_JOB_TOKEN when set; else a fresh one for a
+        single-node job (every rank is started here); a multi-node job needs one given."""
+        o = self.opts
+        given = o.extra_env.get(ENV_TOKEN) or os.environ.get(ENV_TOKEN)
+        if given:
+            return None  # inherited by the ranks as it is
+        if o.nnodes == 1:
+            return new_token()
+        self._say(
+            f"warning: no job token for this {o.nnodes}-node job: anyone who reaches "
+            f"{o.master_addr}:{o.master_port} can join it. Set the same secret in {ENV_TOKEN} "
+            f"for procgroup-run on every node (e.g. {ENV_TOKEN}=$(python -c 'import secrets; "
+            f"print(secrets.token_hex(24))'))"
+        )
+        return None
+
     # ----- starting -----------------------------------------------------------------------
 
     def _rank_env(self, local_rank: int, port: int, restart: int, error_file: str) -> dict[str, str]:
@@ -121,6 +142,8 @@ class Supervisor:
             PROCGROUP_LAUNCHER_PID=str(os.getpid()),
             PYTHONUNBUFFERED="1",
         )
+        if self._token is not None:
+            env[ENV_TOKEN] = self._token
         if o.backend is not None:
             env["PROCGROUP_BACKEND"] = o.backend
         if o.nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:

@@ -10,12 +10,13 @@ import time
 import urllib.parse
 from typing import Any, Callable, Mapping, cast
 
+from procgroup import _auth
 from procgroup._settings import timeout_seconds
 from procgroup.errors import InvalidArgumentError
 
 from ._env import RendezvousEnv
 from ._file import FileStore
-from ._result import RendezvousResult, join, job_store
+from ._result import RendezvousResult, job_store, join
 from ._tcp import TCPStore
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ def env_rendezvous(
     group_name: str,
     timeout: float,
     environ: dict[str, str] | None = None,
+    token: str | bytes | None = None,
 ) -> RendezvousResult:
     """env://: MASTER_ADDR/MASTER_PORT, rank and size from arguments or the launcher."""
     scheme = "env"
@@ -157,7 +159,7 @@ def env_rendezvous(
     if env.MASTER_PORT is None:
         raise InvalidArgumentError("env://: MASTER_PORT is not set (environment variable)")
     return _tcp_store_rendezvous(
-        scheme, addr, env.MASTER_PORT, rank, world_size, group_name, timeout
+        scheme, addr, env.MASTER_PORT, rank, world_size, group_name, timeout, token
     )
 
 
@@ -168,6 +170,7 @@ def tcp_rendezvous(
     world_size: int,
     group_name: str,
     timeout: float,
+    token: str | bytes | None = None,
 ) -> RendezvousResult:
     """tcp://HOST:PORT (rank 0 hosts the store) or tcp://MULTICAST:PORT (automatic ranks)."""
     scheme = "tcp"
@@ -194,7 +197,7 @@ def tcp_rendezvous(
         ttl, _ = _merge_int(-1, params, "ttl", scheme, 1)
         return multicast_rendezvous(
             host, port, world_size=world_size, group_name=group_name, timeout=timeout,
-            ttl=1 if ttl == -1 else ttl,
+            ttl=1 if ttl == -1 else ttl, token=token,
         )
     params = _query(url, scheme, ("rank", "world_size"))
     rank, rank_src = _merge_int(rank, params, "rank", scheme, 0)
@@ -210,20 +213,21 @@ def tcp_rendezvous(
             "?world_size=)"
         )
     _check_rank(rank, world_size, scheme, rank_src, size_src)
-    return _tcp_store_rendezvous(scheme, host, port, rank, world_size, group_name, timeout)
+    return _tcp_store_rendezvous(scheme, host, port, rank, world_size, group_name, timeout, token)
 
 
 def _tcp_store_rendezvous(
     scheme: str, host: str, port: int, rank: int, world_size: int, group_name: str,
-    timeout: float,
+    timeout: float, token: str | bytes | None = None,
 ) -> RendezvousResult:
     deadline = time.monotonic() + timeout
     from procgroup.errors import StoreTimeoutError
 
+    key = _auth.resolve_token(token, host, where=f"{scheme}://")
     try:
         base = TCPStore(
             host, port, world_size, is_master=rank == 0, timeout=timeout,
-            wait_for_workers=False,
+            wait_for_workers=False, job_key=key,
         )
     except StoreTimeoutError as exc:
         raise StoreTimeoutError(
@@ -233,7 +237,7 @@ def _tcp_store_rendezvous(
         ) from None
     return join(
         job_store(base, group_name), scheme + "://", rank, world_size, deadline, host,
-        total_timeout=timeout,
+        total_timeout=timeout, job_key=key,
     )
 
 
@@ -244,8 +248,14 @@ def file_rendezvous(
     world_size: int,
     group_name: str,
     timeout: float,
+    token: str | bytes | None = None,
 ) -> RendezvousResult:
-    """file:///PATH: a FileStore; ranks from an atomic counter in the file when rank=-1."""
+    """file:///PATH: a FileStore; ranks from an atomic counter in the file when rank=-1.
+
+    The file is created 0600 and holds a random job token (the first rank puts it
+    there): who can read the file may join. A token given as argument or in
+    $PROCGROUP_JOB_TOKEN wins over it.
+    """
     scheme = "file"
     if url.netloc not in ("", "localhost"):
         raise InvalidArgumentError(
@@ -272,9 +282,27 @@ def file_rendezvous(
         base = FileStore(path, world_size, timeout=timeout)
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"file://: {exc}") from None
+    try:
+        st = os.stat(base.path)
+        if st.st_mode & 0o077 or st.st_uid != os.getuid():
+            logger.warning("file://: %s is readable or owned by other users (mode %o, uid %d): "
+                           "anyone who can read it can join this job", base.path,
+                           st.st_mode & 0o777, st.st_uid)
+    except OSError:
+        pass
+    store = job_store(base, group_name)
+    try:
+        if token is None:
+            token = os.environ.get(_auth.ENV_TOKEN) or None
+        if token is None:
+            token = store.compare_set("rdzv/token", b"", _auth.new_token().encode())
+        key = _auth.job_key(token)
+    except BaseException:
+        store.close()
+        raise
     return join(
-        job_store(base, group_name), "file://", rank, world_size, deadline, None,
-        total_timeout=timeout, assign_rank=rank == -1,
+        store, "file://", rank, world_size, deadline, None,
+        total_timeout=timeout, assign_rank=rank == -1, job_key=key,
     )
 
 
@@ -355,13 +383,15 @@ def rendezvous(
     world_size: int = -1,
     group_name: str = "",
     timeout: float = 300.0,
+    token: str | bytes | None = None,
 ) -> RendezvousResult:
     """Bring ``world_size`` processes together through ``init_method``.
 
     Returns the job's Store (a key space private to ``group_name``), this process's
     rank, the world size, and rank 0's address where there is one. ``rank`` and
     ``world_size`` of -1 mean "not given" (taken from the URL, environment or assigned
-    automatically, depending on the method).
+    automatically, depending on the method). ``token``: the job's secret (default
+    $PROCGROUP_JOB_TOKEN; file:// makes one in its file); the result's ``job_key``.
     """
     if not isinstance(init_method, str) or "://" not in init_method:
         raise InvalidArgumentError(
@@ -382,4 +412,15 @@ def rendezvous(
         "rendezvous %s rank=%d world_size=%d group=%r", init_method, rank, world_size,
         group_name,
     )
-    return handler(url, rank=rank, world_size=world_size, group_name=group_name, timeout=seconds)
+    if token is not None and not isinstance(token, (str, bytes)):
+        raise InvalidArgumentError(f"{scheme}://: token must be a str or bytes, got {type(token).__name__}")
+    if scheme in _BUILTIN:
+        return handler(url, rank=rank, world_size=world_size, group_name=group_name,
+                       timeout=seconds, token=token)
+    result = handler(url, rank=rank, world_size=world_size, group_name=group_name, timeout=seconds)
+    if isinstance(result, RendezvousResult) and result.job_key is None:
+        import dataclasses
+
+        key = _auth.resolve_token(token, result.master_addr, where=f"{scheme}://")
+        result = dataclasses.replace(result, job_key=key)
+    return result

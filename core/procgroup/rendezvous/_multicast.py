@@ -6,10 +6,16 @@ on a free port and announces ``(port, member ids)``. The others learn the master
 address from the source of that datagram, connect, and take their index in the sorted
 list as rank. Announcements of other group names are ignored, so concurrent jobs only
 need distinct group names.
+
+Every announcement carries an HMAC (key: the job key, purpose ``mcast``); ones without
+a valid one are ignored, so a stranger cannot steer a joiner. The TCPStore connection
+it leads to runs the job-token handshake as every store connection does.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import socket
@@ -18,6 +24,7 @@ import threading
 import time
 import uuid
 
+from procgroup import _auth
 from procgroup.errors import InvalidArgumentError, RendezvousError, StoreTimeoutError
 
 from ._result import RendezvousResult, job_store, join
@@ -32,7 +39,8 @@ ANNOUNCE_EVERY = 0.1
 class _Channel:
     """A UDP socket joined to the multicast group that also sends to it."""
 
-    def __init__(self, group: str, port: int, ttl: int) -> None:
+    def __init__(self, group: str, port: int, ttl: int, key: bytes | None = None) -> None:
+        self._key = key if key is not None else _auth.job_key(None)
         addr, _, zone = group.partition("%")
         self.v6 = ":" in addr
         family = socket.AF_INET6 if self.v6 else socket.AF_INET
@@ -69,8 +77,12 @@ class _Channel:
         self.sock.settimeout(0.05)
         self._send_lock = threading.Lock()
 
+    def _mac(self, body: bytes) -> bytes:
+        return hmac.new(self._key, b"mcast\0" + body, hashlib.sha256).digest()
+
     def send(self, msg: dict) -> None:
-        data = json.dumps(msg, separators=(",", ":")).encode()
+        body = json.dumps(msg, separators=(",", ":")).encode()
+        data = self._mac(body) + body
         with self._send_lock:
             try:
                 self.sock.sendto(data, self.dest)
@@ -82,8 +94,11 @@ class _Channel:
             data, src = self.sock.recvfrom(65536)
         except (socket.timeout, BlockingIOError, InterruptedError):
             return None
+        mac, body = data[:32], data[32:]
+        if len(mac) != 32 or not hmac.compare_digest(mac, self._mac(body)):
+            return None  # not this job's (another token, a stranger): ignored
         try:
-            msg = json.loads(data)
+            msg = json.loads(body)
         except ValueError:
             return None
         if not isinstance(msg, dict) or msg.get("p") != PROTOCOL:
@@ -100,13 +115,15 @@ class _Channel:
 
 
 def multicast_rendezvous(
-    group: str, port: int, *, world_size: int, group_name: str, timeout: float, ttl: int = 1
+    group: str, port: int, *, world_size: int, group_name: str, timeout: float, ttl: int = 1,
+    token: str | bytes | None = None,
 ) -> RendezvousResult:
     """Assign ranks through multicast announcements; see the module docstring."""
     deadline = time.monotonic() + timeout
+    key = _auth.resolve_token(token, group, where="tcp:// (multicast)")
     me = uuid.uuid4().hex
     base = {"p": PROTOCOL, "g": group_name, "ws": world_size}
-    chan = _Channel(group, port, ttl)
+    chan = _Channel(group, port, ttl, key)
     peers: dict[str, str] = {}  # id -> source address
     foreign_masters = 0
     next_announce = 0.0
@@ -141,40 +158,42 @@ def multicast_rendezvous(
                     peers[msg["id"]] = src
                 elif msg.get("t") == "master":
                     members = msg.get("members") or []
-                    if me in members:
+                    if isinstance(members, list) and me in members and isinstance(msg.get("port"), int):
                         rank = members.index(me)
                         logger.debug("multicast: master at %s:%s, rank %d", src, msg["port"], rank)
                         return _join_as_worker(src, int(msg["port"]), rank, world_size,
-                                               group_name, deadline, timeout, chan)
+                                               group_name, deadline, timeout, chan, key)
                     foreign_masters += 1
             known = sorted(set(peers) | {me})
             if len(known) >= world_size and known[0] == me:
                 members = known[:world_size]
                 return _host(chan, base, members, peers.get(me), world_size, group_name,
-                             deadline, timeout)
+                             deadline, timeout, key)
     finally:
         chan.close()
 
 
 def _join_as_worker(
     host: str, port: int, rank: int, world_size: int, group_name: str, deadline: float,
-    timeout: float, chan: _Channel,
+    timeout: float, chan: _Channel, key: bytes,
 ) -> RendezvousResult:
     chan.close()  # nothing more to hear
     store = TCPStore(host, port, world_size, is_master=False,
-                     timeout=max(0.1, deadline - time.monotonic()), wait_for_workers=False)
+                     timeout=max(0.1, deadline - time.monotonic()), wait_for_workers=False,
+                     job_key=key)
     store.timeout = timeout
     return join(job_store(store, group_name), "tcp://", rank, world_size, deadline, host,
-                total_timeout=timeout)
+                total_timeout=timeout, job_key=key)
 
 
 def _host(
     chan: _Channel, base: dict, members: list[str], own_addr: str | None, world_size: int,
-    group_name: str, deadline: float, timeout: float,
+    group_name: str, deadline: float, timeout: float, key: bytes,
 ) -> RendezvousResult:
     """Become rank 0: serve a TCPStore and announce it until every member has joined."""
-    store = TCPStore("", 0, world_size, is_master=True, timeout=timeout,
-                     wait_for_workers=False)
+    # listen on the address the others will connect to (the source of our announcements)
+    store = TCPStore(own_addr or "", 0, world_size, is_master=True, timeout=timeout,
+                     wait_for_workers=False, job_key=key)
     announce = {**base, "t": "master", "port": store.port, "members": members}
     stop = threading.Event()
 
@@ -188,7 +207,7 @@ def _host(
     addr = own_addr or ("::1" if chan.v6 else "127.0.0.1")
     try:
         return join(job_store(store, group_name), "tcp://", 0, world_size, deadline, addr,
-                    total_timeout=timeout)
+                    total_timeout=timeout, job_key=key)
     finally:
         stop.set()
         thread.join(timeout=5)

@@ -24,6 +24,9 @@ class RendezvousResult:
     #: Host/IP at which rank 0 is reached (None for file://); the tcp backend uses it to
     #: choose the interface that routes there.
     master_addr: str | None
+    #: The job's key (procgroup._auth.job_key): every connection the job opens proves it.
+    #: None: the init method does not know it; the core then resolves the token itself.
+    job_key: bytes | None = None
 
 
 def job_store(base: Store, group_name: str) -> PrefixStore:
@@ -41,6 +44,7 @@ def join(
     *,
     total_timeout: float,
     assign_rank: bool = False,
+    job_key: bytes | None = None,
 ) -> RendezvousResult:
     """Record this rank's arrival and wait for all ``world_size`` ranks.
 
@@ -60,11 +64,14 @@ def join(
         if agreed != str(world_size).encode():
             raise RendezvousError(
                 f"{scheme}: this rank says world_size={world_size} but another rank "
-                f"already joined with world_size={agreed.decode(errors='replace')}"
+                f"already joined with world_size={agreed.decode(errors='replace')}; a "
+                "different job holds this port, or the ranks were launched inconsistently"
             )
         if store.add(f"rdzv/rank/{rank}", 1) > 1:
             raise RendezvousError(
-                f"{scheme}: rank {rank} joined twice; every process needs its own rank"
+                f"{scheme}: rank {rank} joined twice: another process already holds rank {rank} "
+                "in this store; a different job holds this port (give each job its own port, "
+                "and a job token: PROCGROUP_JOB_TOKEN), or two processes were given the same rank"
             )
         keys = [f"rdzv/rank/{r}" for r in range(world_size)]
         timeout = max(0.0, deadline - time.monotonic())
@@ -83,5 +90,5 @@ def join(
         store.close()
         raise
     logger.debug("%s: rank %d of %d joined", scheme, rank, world_size)
-    return RendezvousResult(store, rank, world_size, master_addr)
+    return RendezvousResult(store, rank, world_size, master_addr, job_key)
 

@@ -11,6 +11,7 @@ import logging
 import math
 from typing import Sequence
 
+from procgroup._settings import MAX_TIMEOUT_S
 from procgroup.errors import InvalidArgumentError, StoreError
 
 logger = logging.getLogger(__name__)
@@ -60,8 +61,9 @@ def check_timeout(timeout: float | None, default: float) -> float:
             f"Store timeout must be a number of seconds, got {type(timeout).__name__}"
         )
     timeout = float(timeout)
-    if math.isnan(timeout) or timeout < 0:
-        raise InvalidArgumentError(f"Store timeout must be >= 0 seconds, got {timeout}")
+    if not math.isfinite(timeout) or not 0 <= timeout <= MAX_TIMEOUT_S:
+        raise InvalidArgumentError(
+            f"Store timeout must be a finite number of seconds in 0..{MAX_TIMEOUT_S:g}, got {timeout}")
     return timeout
 
 

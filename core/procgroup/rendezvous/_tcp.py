@@ -8,7 +8,13 @@ import threading
 import time
 from typing import Sequence
 
-from procgroup.errors import InvalidArgumentError, StoreError, StoreTimeoutError
+from procgroup import _auth
+from procgroup.errors import (
+    AuthenticationError,
+    InvalidArgumentError,
+    StoreError,
+    StoreTimeoutError,
+)
 
 from . import _wire
 from ._store import (
@@ -19,7 +25,7 @@ from ._store import (
     check_timeout,
     to_bytes,
 )
-from ._tcp_server import StoreServer
+from ._tcp_server import PURPOSE, StoreServer
 from ._wire import Op, Status
 
 logger = logging.getLogger(__name__)
@@ -36,10 +42,15 @@ CLOSE_GRACE = 5.0
 class TCPStore(Store):
     """Key-value store hosted by the ``is_master`` process, reached over TCP.
 
-    The master binds ``port`` on every interface (``port=0``: a free port, see
-    :attr:`port`) and serves from a daemon thread until :meth:`close`. With
+    The master binds ``port`` (``port=0``: a free port, see :attr:`port`) on the
+    address ``host`` when that is one of this machine's (loopback stays loopback), else
+    on every interface, and serves from a daemon thread until :meth:`close`. With
     ``world_size`` and ``wait_for_workers`` the master's constructor waits until that
     many clients (itself included) have connected.
+
+    Every connection starts with the job-token handshake: ``job_key`` (the key of
+    :func:`procgroup._auth.job_key`) or else ``token``, else $PROCGROUP_JOB_TOKEN (see
+    docs/security.md). A process with another token gets AuthenticationError.
     """
 
     _closed = True
@@ -55,6 +66,9 @@ class TCPStore(Store):
         is_master: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
         wait_for_workers: bool = True,
+        *,
+        token: str | bytes | None = None,
+        job_key: bytes | None = None,
     ) -> None:
         if not isinstance(host, str) or (not host and not is_master):
             raise InvalidArgumentError(f"TCPStore: host must be a non-empty str, got {host!r}")
@@ -69,6 +83,13 @@ class TCPStore(Store):
                 f"TCPStore: world_size must be a positive int or None, got {world_size!r}"
             )
         self.timeout = check_timeout(timeout, DEFAULT_TIMEOUT)
+        if job_key is not None:
+            if not isinstance(job_key, bytes) or not job_key:
+                raise InvalidArgumentError("TCPStore: job_key must be non-empty bytes")
+            self.job_key = job_key
+        else:
+            self.job_key = _auth.resolve_token(token, host or None, where="TCPStore")
+        self.max_value = _wire.max_value_bytes()
         self.host = host
         self.world_size = world_size
         self.is_master = is_master
@@ -78,16 +99,16 @@ class TCPStore(Store):
         self._lost: str | None = None  # why the server is considered gone
         self._server: StoreServer | None = None
         if is_master:
-            self._server = StoreServer(port)
+            self._server = StoreServer(port, self.job_key, host or None)
             port = self._server.port
             local = "::1" if self._server.family == socket.AF_INET6 and not socket.has_dualstack_ipv6() else "127.0.0.1"
-            connect_host = local
+            connect_host = self._server.bound or local
         else:
             connect_host = host
         self.port: int = port
         self._connect_host = connect_host
         try:
-            sock = self._connect(connect_host, port, self.timeout)
+            sock = self._connect(connect_host, port, self.timeout, self.job_key)
             self._all.add(sock)
             self._idle.append(sock)
             self._closed = False
@@ -100,8 +121,25 @@ class TCPStore(Store):
 
     # ---------------------------------------------------------------- transport
     @staticmethod
-    def _connect(host: str, port: int, timeout: float) -> socket.socket:
-        """Connect, retrying while the server is not up yet, until ``timeout``."""
+    def _authenticate(sock: socket.socket, key: bytes, host: str, port: int, timeout: float) -> None:
+        """The job-token handshake on a new connection; closes ``sock`` when it fails."""
+        peer = f"the TCPStore at {host}:{port}"
+        try:
+            _auth.client_handshake(sock, key, PURPOSE, peer, min(timeout, _auth.HANDSHAKE_TIMEOUT_S))
+        except AuthenticationError:
+            sock.close()
+            raise
+        except OSError as exc:
+            sock.close()
+            raise AuthenticationError(
+                f"{peer} dropped the connection during the authentication handshake ({exc}): a "
+                f"different job holds this port, or this process has the wrong {_auth.ENV_TOKEN}"
+            ) from None
+        sock.settimeout(None)
+
+    @staticmethod
+    def _connect(host: str, port: int, timeout: float, key: bytes) -> socket.socket:
+        """Connect and authenticate, retrying while the server is not up yet, until ``timeout``."""
         deadline = time.monotonic() + timeout
         delay = 0.02
         last: OSError | None = None
@@ -123,7 +161,7 @@ class TCPStore(Store):
                 delay = min(delay * 2, 0.5)
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(None)
+            TCPStore._authenticate(sock, key, host, port, max(left, 1.0))
             logger.debug("TCPStore client connected to %s:%d", host, port)
             return sock
 
@@ -142,6 +180,7 @@ class TCPStore(Store):
                 f"TCPStore: cannot open another connection to {self.host}:{self.port}: {exc}"
             ) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._authenticate(sock, self.job_key, self._connect_host, self.port, REPLY_GRACE)
         with self._lock:
             if self._closed:
                 sock.close()
@@ -178,6 +217,8 @@ class TCPStore(Store):
             msg = reply[0].decode(errors="replace") if reply else "unknown error"
             if msg.startswith("Store.add"):
                 raise InvalidArgumentError(msg)
+            if msg.startswith("limit: "):
+                raise InvalidArgumentError(f"TCPStore: {msg[7:]}")
             raise StoreError(f"TCPStore server: {msg}")
         return code, reply
 
@@ -201,8 +242,15 @@ class TCPStore(Store):
             )
 
     # ---------------------------------------------------------------- Store API
+    def _check_value(self, value: bytes, op: str) -> bytes:
+        if len(value) > self.max_value:
+            raise InvalidArgumentError(
+                f"TCPStore.{op}: a value of {len(value)} bytes is over the store's limit "
+                f"{_wire.ENV_MAX_VALUE}={self.max_value}")
+        return value
+
     def set(self, key: str, value: bytes | str) -> None:
-        self._request(Op.SET, [check_key(key).encode(), to_bytes(value)])
+        self._request(Op.SET, [check_key(key).encode(), self._check_value(to_bytes(value), "set")])
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         key = check_key(key)
@@ -237,8 +285,8 @@ class TCPStore(Store):
         return reply[0] == b"1"
 
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
-        fields = [check_key(key).encode(), to_bytes(expected, "expected"),
-                  to_bytes(desired, "desired")]
+        fields = [check_key(key).encode(), self._check_value(to_bytes(expected, "expected"), "compare_set"),
+                  self._check_value(to_bytes(desired, "desired"), "compare_set")]
         _, reply = self._request(Op.COMPARE_SET, fields)
         return reply[0]
 
