@@ -16,6 +16,7 @@ import stat
 import struct
 import tempfile
 import threading
+import time
 
 import pytest
 from procgroup import _auth
@@ -517,36 +518,41 @@ def test_file_rendezvous_token_in_a_0600_file(monkeypatch):
     path = os.path.join(d, "rdzv")
     url = f"file://{path}"
     results: dict = {}
-    threads = [threading.Thread(target=_rdzv, args=(results, r, url, -1, 2)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
+    # rank 0 waits for rank 1: the file exists until every rank has arrived
+    first = threading.Thread(target=_rdzv, args=(results, 0, url, -1, 2))
+    first.start()
+    deadline = time.monotonic() + IO_TIMEOUT
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+    # a stranger (another user) cannot read the file, so cannot join or learn the token
+    if os.getuid() == 0:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 3
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                try:
+                    rendezvous(url, world_size=2, timeout=5)
+                    code = 1
+                except (StoreError, PermissionError, ProcGroupError):
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    second = threading.Thread(target=_rdzv, args=(results, 1, url, -1, 2))
+    second.start()
+    for t in (first, second):
         t.join(IO_TIMEOUT)
     r0, r1 = results[0], results[1]
     assert not isinstance(r0, BaseException) and not isinstance(r1, BaseException), (r0, r1)
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert r0.job_key == r1.job_key and r0.job_key != _auth.job_key(None)
-    token = r0.store.get("rdzv/token")
+    token = r0.store.get("rdzv/token")  # the ranks keep the file open after its removal
     assert _auth.job_key(token) == r0.job_key
-
-    # a stranger (another user) cannot read the file, so cannot join or learn the token
-    if os.getuid() != 0:
-        pytest.skip("needs root to run the stranger as another user")
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 3
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            try:
-                rendezvous(url, world_size=3, timeout=5)
-                code = 1
-            except (StoreError, PermissionError, ProcGroupError):
-                code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert not os.path.exists(path), "removed once every rank arrived (the 2017 behaviour)"
     # an explicit token wins over the file's
     r0.store.close()
     r1.store.close()

@@ -40,25 +40,33 @@ def info(out: Any = None) -> None:
     out = out or sys.stdout
     w = out.write
     w(f"procgroup {__version__} (Python {platform.python_version()}, {platform.system()} {platform.machine()})\n")
-    for mod in ("numpy", "pluggy", "pydantic", "mpi4py", "pygloo", "cupy"):
-        w(f"  {mod:9s} {_version(mod)}\n")
+    mods = ("numpy", "pluggy", "pydantic", "mpi4py", "pygloo", "cupy")
+    for mod in mods:
+        w(f"  {mod:<{max(map(len, mods))}s}  {_version(mod)}\n")
     found = backends()
     if not found:
         w("\nno backends installed: pip install procgroup-tcp\n")
         return
     w("\nbackends:\n")
     tables = {}
+    name_w = max(len(n) for n in found)
+    dist_w = max(len(spec.distribution or "?") for spec in found.values())
+    dev_w = max(len(",".join(spec.devices)) for spec in found.values())
     for name, spec in found.items():
         reason, tables[name] = capability_rows(spec)
         state = "available" if reason is None else f"unavailable: {reason}"
-        w(f"  {name:6s} {spec.distribution:22s} devices={','.join(spec.devices):9s} {state}\n")
+        w(f"  {name:<{name_w}s}  {spec.distribution or '?':<{dist_w}s}  "
+          f"devices={','.join(spec.devices):<{dev_w}s}  {state}\n")
     w("\ncapabilities (native = backend's own, generic = core algorithm on its send/recv,\n"
       "staged = CUDA arrays copied through host memory, - = not supported):\n")
     names = list(found)
-    header = f"  {'op':15s}" + "".join(f"{n + ' cpu':>14s}{n + ' cuda':>14s}" for n in names)
+    op_w = max(len(op) for op in ALL_OPS)
+    col = {n: max(len(n) + 5, len("generic")) + 2 for n in names}  # "<name> cuda", right-aligned
+    header = f"  {'op':<{op_w}s}" + "".join(f"{n + ' cpu':>{col[n]}s}{n + ' cuda':>{col[n]}s}" for n in names)
     w(header + "\n")
     for op in ALL_OPS:
-        w(f"  {op:15s}" + "".join(f"{tables[n][op]['cpu']:>14s}{tables[n][op]['cuda']:>14s}" for n in names) + "\n")
+        w(f"  {op:<{op_w}s}" + "".join(f"{tables[n][op]['cpu']:>{col[n]}s}{tables[n][op]['cuda']:>{col[n]}s}"
+                                       for n in names) + "\n")
 
 
 def _version(module: str) -> str:

@@ -44,7 +44,9 @@ def init_process_group(
     """Join the default process group: rendezvous, then connect the backend's channel.
 
     ``backend`` defaults to $PROCGROUP_BACKEND, else "tcp"; ``init_method`` to "env://"
-    (a backend that finds its own peers, like mpi under mpiexec, needs none); ``timeout``
+    (a backend that finds its own peers, like mpi under mpiexec, needs none and takes rank
+    and size from its launcher whatever the init method, which then serves only the job's
+    Store: file:// and tcp://; env:// and none use the backend's own); ``timeout``
     (seconds or timedelta, default $PROCGROUP_TIMEOUT or 300 s) bounds every blocking call;
     ``options`` are the backend's own settings (see its docs), given to every channel.
     ``token`` is the job's secret, the same on every rank (default $PROCGROUP_JOB_TOKEN;
@@ -107,23 +109,57 @@ def _meet(settings: config.InitSettings, cls: type[DataChannel], store: Any,
             raise InvalidArgumentError("init_process_group: with store=..., rank and world_size must be given")
         _check_rank(settings.rank, settings.world_size, "init_process_group")
         return settings.rank, settings.world_size, store, None, _store_key(store, token, None)
-    found = cls.discover_world() if settings.init_method is None else None
+    found = cls.discover_world()
     if found is not None:
+        # the backend's own launcher (mpiexec) says who is who, whatever the init method
+        # (the 2017 module's rule for MPI); the init method may still serve the Store
         rank_, size = found
-        for name, given, actual in (("world_size", settings.world_size, size), ("rank", settings.rank, rank_)):
-            if given != -1 and given != actual:
-                raise InvalidArgumentError(
-                    f"init_process_group: argument {name}={given} contradicts the {cls.backend_name} "
-                    f"launcher, which says {name}={actual}"
-                )
-        found_store = cls.discover_store(rank_, size, settings.timeout)
-        return rank_, size, found_store, None, _store_key(found_store, token, None)
+        _check_discovered(cls, settings, rank_, size)
+        method = settings.init_method
+        if method is None or method.split("://", 1)[0].lower() == "env":
+            found_store = cls.discover_store(rank_, size, settings.timeout)
+            return rank_, size, found_store, None, _store_key(found_store, token, None)
+        result = rendezvous(method, rank=rank_, world_size=size, group_name=settings.group_name,
+                            timeout=settings.timeout, token=token)
+        key = result.job_key or _auth.resolve_token(token, result.master_addr, where="init_process_group")
+        return rank_, size, result.store, result.master_addr, key
     result = rendezvous(
         settings.init_method or "env://", rank=settings.rank, world_size=settings.world_size,
         group_name=settings.group_name, timeout=settings.timeout, token=token,
     )
     key = result.job_key or _auth.resolve_token(token, result.master_addr, where="init_process_group")
     return result.rank, result.world_size, result.store, result.master_addr, key
+
+
+def _check_discovered(cls: type[DataChannel], settings: config.InitSettings, rank: int, size: int) -> None:
+    """A rank or size given (argument, URL, RANK/WORLD_SIZE) that contradicts the backend's
+    launcher is an error: a wrong world is never formed silently."""
+    import urllib.parse
+
+    name = cls.backend_name or "this"
+    given: dict[str, tuple[int, str]] = {}
+    query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(settings.init_method or "").query))
+    for field, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
+        value = getattr(settings, field)
+        if value != -1:
+            given[field] = (value, f"argument {field}={value}")
+        elif query.get(field, "").strip().isdigit():
+            given[field] = (int(query[field]), f"URL parameter {field}={query[field]}")
+        elif os.environ.get(var, "").strip().isdigit():
+            given[field] = (int(os.environ[var]), f"environment variable {var}={os.environ[var].strip()}")
+    want_rank = given.get("rank", (rank, ""))[0]
+    want_size = given.get("world_size", (size, ""))[0]
+    if want_rank == rank and want_size == size:
+        return
+    sources = " and ".join(src for _, src in given.values())
+    hint = getattr(cls, "launch_hint", "")
+    hint = hint.format(size=want_size) if hint else f"start the ranks with the {name} backend's own launcher"
+    raise InvalidArgumentError(
+        f"init_process_group: {sources} contradicts the {name} launcher, which says "
+        f"world_size={size} and rank={rank}: the {name} backend was given rank {want_rank} of a world "
+        f"of {want_size}, but this process is rank {rank} of {size}, and the {name} backend takes "
+        f"ranks from its launcher whatever the init method; {hint}"
+    )
 
 
 def _check_rank(rank: int, size: int, where: str) -> None:
@@ -191,7 +227,13 @@ def get_rank(group: Any = None) -> int:
 
 
 def get_world_size(group: Any = None) -> int:
+    """The number of ranks in ``group`` (default: the world)."""
     return _state.resolve(group).size
+
+
+def get_num_processes(group: Any = None) -> int:
+    """The design note's (and the 2017 module's) name for :func:`get_world_size`."""
+    return get_world_size(group)
 
 
 def get_backend(group: Any = None) -> str:
@@ -322,6 +364,7 @@ __all__ = [
     "create_local_process_group",
     "destroy_process_group",
     "get_backend",
+    "get_num_processes",
     "get_rank",
     "get_world_size",
     "group_channel",

@@ -18,10 +18,18 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
-from mpi4py import MPI
+import mpi4py
+
+if "mpi4py.MPI" not in sys.modules:
+    # loading this module (``python -m procgroup info`` lists the backend's ops) must not
+    # start MPI: it is initialised on first use (_initialized), and finalised at exit
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = True
+from mpi4py import MPI  # noqa: E402
 from procgroup.backend import ChannelContext, DataChannel, choose_address, job_key
 from procgroup.ops import ReduceOp, finish_average
 
@@ -43,14 +51,30 @@ _ADDRESS_BYTES = 512
 _KEY_BYTES = 32
 
 
+def _initialized() -> None:
+    """MPI_Init_thread (at mpi4py's rc.thread_level) unless MPI already runs."""
+    if not MPI.Is_initialized():
+        level = {"single": MPI.THREAD_SINGLE, "funneled": MPI.THREAD_FUNNELED,
+                 "serialized": MPI.THREAD_SERIALIZED}.get(str(mpi4py.rc.thread_level), MPI.THREAD_MULTIPLE)
+        MPI.Init_thread(level)
+        log.debug("MPI initialised (%s)", MPI.Get_library_version().splitlines()[0])
+
+
 class MpiChannel(DataChannel):
     """The mpi backend's communicator; see the module docstring for the mapping."""
 
     backend_name = "mpi"
+    #: How to start a world of ``size`` ranks: the core quotes it when a rank or size given
+    #: to init_process_group contradicts MPI's
+    launch_hint = "start the job with 'mpiexec -n {size} python ...' (mpiexec decides the ranks)"
 
     @classmethod
     def discover_world(cls) -> tuple[int, int]:
-        """(rank, size) of ``COMM_WORLD``: mpiexec's answer, or a world of 1 without it."""
+        """(rank, size) of ``COMM_WORLD``: mpiexec's answer, or a world of 1 without it.
+
+        Asked whatever the init method (as the 2017 module did for MPI): the init method
+        only serves the job's Store."""
+        _initialized()
         world = MPI.COMM_WORLD
         return world.Get_rank(), world.Get_size()
 
@@ -64,6 +88,7 @@ class MpiChannel(DataChannel):
         """
         from procgroup.rendezvous import HashStore, TCPStore
 
+        _initialized()
         if size == 1:
             return HashStore()
         if _abort.wanted():
@@ -94,6 +119,7 @@ class MpiChannel(DataChannel):
         return TCPStore(host, int(port), timeout=timeout, job_key=key)
 
     def __init__(self, ctx: ChannelContext, comm: Any = None) -> None:
+        _initialized()
         super().__init__(ctx)
         self._routes = TagRoutes(comm if comm is not None else world_comm(ctx), ctx)
         self._comm = self._routes.comm

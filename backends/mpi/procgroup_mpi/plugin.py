@@ -1,7 +1,9 @@
 """Entry point of the mpi backend: registers it without importing mpi4py.
 
-``from mpi4py import MPI`` initialises MPI, so it happens only in the loader (at
-init_process_group), never while backends are merely listed.
+mpi4py is imported only by the loader; even then MPI is not initialised until the
+channel is used (``channel._initialized``: discover_world, discover_store, the
+constructor), so ``python -m procgroup info`` can load the class and list its ops
+without starting MPI.
 """
 
 from __future__ import annotations

@@ -2,6 +2,13 @@
 
 The file is an append-only log of set/delete records, so a writer never rewrites what
 another process may be reading; each process replays only the bytes it has not seen.
+
+Every opener records itself (host, pid, time) in the file, so a file left behind by a
+job that died can be told from one whose ranks are still arriving
+(:meth:`FileStore.leftover`). A file:// rendezvous removes the path once every rank has
+arrived (:meth:`FileStore.arrived`, the 2017 behaviour): the ranks keep using the file
+through their open descriptors, and the next job on the same path starts afresh even
+when this one's ranks never close their store (``os._exit``).
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import socket
 import struct
 import threading
 import time
@@ -36,13 +44,28 @@ _SET, _DEL = b"S", b"D"
 _HIDDEN = "\x00procgroup/"
 _USERS = _HIDDEN + "users"
 _CLOSED = _HIDDEN + "closed"
+_JOB = _HIDDEN + "job"  # "<job id> <created, epoch s> <rendezvous timeout s>", set by the first opener
+_OWNER = _HIDDEN + "owner/"  # + "<host>/<pid>" -> epoch s of opening
+_ARRIVED = _HIDDEN + "arrived"  # ranks whose rendezvous completed (see arrived())
+_OPENED = _HIDDEN + "opened"  # FileStores ever opened on this file
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 class FileStore(Store):
     """Multi-process Store in the file ``path`` (created if missing).
 
     With ``world_size`` the file is deleted when that many users have closed it and
-    none is still open; without it, when the last open user closes it.
+    none is still open; without it, when the last open user closes it (a path that by
+    then names another job's file is left alone). ``fresh``: this process created it.
     """
 
     _closed = True
@@ -70,11 +93,85 @@ class FileStore(Store):
         self._data: dict[str, bytes] = {}
         self._offset = 0
         self._fd = self._open_live()
+        self._me = f"{socket.gethostname()}/{os.getpid()}"
         try:
+            self._refresh()
+            self.fresh = _JOB not in self._data  # this process created the file
+            if self.fresh:
+                self._append(_SET, _JOB, f"{os.urandom(6).hex()} {time.time():.3f} {self.timeout:g}".encode())
+            self._append(_SET, _OWNER + self._me, f"{time.time():.3f}".encode())
             self._append_counter(_USERS, 1)
+            self._opened_before = self._append_counter(_OPENED, 1) - 1
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._closed = False
+
+    # ---------------------------------------------------------------- job life
+    def job_id(self) -> str:
+        """The random id the file's first opener gave it."""
+        with self._locked(False):
+            return self._data.get(_JOB, b"?").decode(errors="replace").split(" ")[0]
+
+    def leftover(self) -> str | None:
+        """Why this file looks left over from an earlier job that is gone, or None.
+
+        Asked by a process that just opened it to join a rendezvous: the file's
+        rendezvous had already completed (every rank arrived), or every process that
+        opened it before ran on this host and has exited, or its rendezvous deadline
+        (creation time + the creator's timeout) has passed.
+        """
+        with self._locked(False):
+            job = self._data.get(_JOB, b"").decode(errors="replace").split(" ")
+            owners = {k[len(_OWNER):]: v for k, v in self._data.items()
+                      if k.startswith(_OWNER) and k[len(_OWNER):] != self._me}
+            arrived = parse_counter(_ARRIVED, self._data[_ARRIVED]) if _ARRIVED in self._data else 0
+        if not owners or self._opened_before == 0:
+            return None
+        job_id = job[0] if job and job[0] else "?"
+        try:
+            created, limit = float(job[1]), float(job[2])
+        except (IndexError, ValueError):
+            created, limit = time.time(), float("inf")
+        age = time.time() - created
+        host = socket.gethostname()
+        pids = sorted(int(o.split("/")[-1]) for o in owners if o.rsplit("/", 1)[0] == host)
+        remote = sorted({o.rsplit("/", 1)[0] for o in owners if o.rsplit("/", 1)[0] != host})
+        what = (f"job {job_id}, created {age:.1f}s ago, opened before by pid(s) {pids}"
+                + (f" and processes on {remote}" if remote else ""))
+        if arrived >= self._opened_before:
+            why = f"its rendezvous completed ({arrived} rank(s) arrived) but the file was not removed"
+        elif not remote and not any(_pid_alive(p) for p in pids):
+            why = "every process that opened it has exited"
+        elif age > limit:
+            why = f"its rendezvous deadline ({limit:g}s after creation) has passed"
+        else:
+            return None
+        return (f"{self.path} is left over from an earlier job ({what}): {why}. Delete it "
+                f"(rm {self.path}) if that job is gone, or give this job another path")
+
+    def arrived(self) -> bool:
+        """Count this rank as arrived (its rendezvous complete); when every process that
+        opened the file has arrived, remove the path (the 2017 behaviour; with several
+        group names on one file, once all of them have). The ranks keep the file through
+        their descriptors. True if this call removed it."""
+        with self._locked(True):
+            count = self._append_counter(_ARRIVED, 1)
+            opened = parse_counter(_OPENED, self._data[_OPENED])
+            if count < opened:
+                return False
+            return self._unlink_if_ours("every rank arrived")
+
+    def _unlink_if_ours(self, why: str) -> bool:
+        """Remove the path if it still names this file (a new job may own the path now)."""
+        try:
+            st, mine = os.stat(self.path), os.fstat(self._fd)
+            if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+                return False
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return False
+        logger.debug("FileStore: removed %s (%s)", self.path, why)
+        return True
 
     def _open_live(self) -> int:
         """Open the file and lock it exclusively, retrying if a closer just unlinked it."""
@@ -239,11 +336,7 @@ class FileStore(Store):
                 users = self._append_counter(_USERS, -1)
                 closed = self._append_counter(_CLOSED, 1)
                 if users <= 0 and (self.world_size is None or closed >= self.world_size):
-                    try:
-                        os.unlink(self.path)
-                        logger.debug("FileStore: removed %s (last user)", self.path)
-                    except FileNotFoundError:
-                        pass
+                    self._unlink_if_ours("last user")
             finally:
                 self._closed = True
                 os.close(self._fd)  # also releases the lock

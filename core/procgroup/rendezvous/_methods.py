@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, cast
 
 from procgroup import _auth
 from procgroup._settings import timeout_seconds
-from procgroup.errors import InvalidArgumentError
+from procgroup.errors import InvalidArgumentError, RendezvousError
 
 from ._env import RendezvousEnv
 from ._file import FileStore
@@ -254,7 +254,10 @@ def file_rendezvous(
 
     The file is created 0600 and holds a random job token (the first rank puts it
     there): who can read the file may join. A token given as argument or in
-    $PROCGROUP_JOB_TOKEN wins over it.
+    $PROCGROUP_JOB_TOKEN wins over it. Once every rank has arrived the path is removed
+    (the ranks keep the file open for the job's Store), so the next job on the same path
+    starts afresh even when this one's ranks never call destroy_process_group. A file
+    left by a job that died is refused with a RendezvousError saying what to do.
     """
     scheme = "file"
     if url.netloc not in ("", "localhost"):
@@ -290,6 +293,10 @@ def file_rendezvous(
                            st.st_mode & 0o777, st.st_uid)
     except OSError:
         pass
+    leftover = base.leftover()
+    if leftover is not None:
+        base.close()
+        raise RendezvousError(f"file://: {leftover}")
     store = job_store(base, group_name)
     try:
         if token is None:
@@ -300,10 +307,18 @@ def file_rendezvous(
     except BaseException:
         store.close()
         raise
-    return join(
+    result = join(
         store, "file://", rank, world_size, deadline, None,
         total_timeout=timeout, assign_rank=rank == -1, job_key=key,
     )
+    try:
+        # every rank has read the file: remove it now (the 2017 behaviour), so ranks that
+        # never close their store (os._exit) do not leave it to the next job on this path
+        base.arrived()
+    except BaseException:
+        store.close()
+        raise
+    return result
 
 
 _BUILTIN: dict[str, Handler] = {
