@@ -416,7 +416,8 @@ def test_max_restarts(tmp_path: Path) -> None:
     [
         (["-n", "0", "x.py"], "--nproc-per-node must be >= 1"),
         (["--nnodes", "2", "--node-rank", "2", "--master-port", "1234", "x.py"], "--node-rank must be in [0, 1]"),
-        (["--nnodes", "2", "x.py"], "--master-port is required with --nnodes > 1"),
+        (["--nnodes", "2", "--node-rank", "0", "x.py"], "--master-port is required with --nnodes > 1"),
+        (["--nnodes", "2", "--master-port", "1234", "x.py"], "--node-rank is required with --nnodes 2"),
         (["--master-port", "70000", "x.py"], "--master-port must be in [1, 65535]"),
         (["--timeout", "0", "x.py"], "--timeout must be > 0"),
         (["--max-restarts", "-1", "x.py"], "--max-restarts must be >= 0"),

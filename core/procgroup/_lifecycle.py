@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Any, Mapping, Sequence
 
-from . import _auth, _ops, _state, config
+from . import _auth, _logging, _ops, _state, config
 from ._settings import timeout_seconds
 from .backend import DataChannel
 from .errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
@@ -64,6 +64,7 @@ def init_process_group(
         if token is not None and not isinstance(token, (str, bytes)):
             raise InvalidArgumentError(f"init_process_group: token must be a str or bytes, got {type(token).__name__}")
         spec, cls = load_channel_class(settings.backend)
+        _logging.configure(cls.__module__.split(".")[0], lambda: getattr(getattr(_state.state, "world", None), "rank", None))
         rank_, size, the_store, master_addr, key = _meet(settings, cls, store, token)
         st = _state.State(world=None, store=the_store, timeout=settings.timeout,  # type: ignore[arg-type]
                           master_addr=master_addr, options=dict(options or {}), job_key=key)

@@ -8,13 +8,33 @@ flushed under it, so the launcher's output is line-buffered whatever it is conne
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
-from typing import BinaryIO
+from typing import BinaryIO, Callable, Union
 
 logger = logging.getLogger(__name__)
 
 _CHUNK = 64 * 1024  # longest piece read at once; longer lines continue without a new prefix
+TAIL_LINES = 20  # lines of a rank's output kept for the failure summary
+
+
+class Tail:
+    """The last lines a rank wrote (stdout and stderr in arrival order), for the summary."""
+
+    def __init__(self, lines: int = TAIL_LINES) -> None:
+        self._lines: collections.deque[str] = collections.deque(maxlen=lines)
+        self._lock = threading.Lock()
+
+    def add(self, chunk: bytes) -> None:
+        text = chunk.decode("utf-8", "replace").rstrip("\n")
+        with self._lock:
+            self._lines.append(text)
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            return list(self._lines)
+
 
 
 class LockedStream:
@@ -33,19 +53,29 @@ class LockedStream:
                 pass
 
 
+Source = Union[BinaryIO, Callable[[], BinaryIO]]
+
+
 class Pump:
-    """Copies one pipe of one rank to a shared destination and optionally a log file."""
+    """Copies one pipe of one rank to a shared destination and optionally a log file.
+
+    ``dest`` None keeps the lines off the console (``--redirects``, ``--local-ranks-filter``);
+    ``source`` may be a callable that opens it (a named pipe, opened in the pump's thread
+    because opening blocks until the rank opens its end).
+    """
 
     def __init__(
         self,
-        source: BinaryIO,
-        dest: LockedStream,
+        source: Source,
+        dest: LockedStream | None,
         prefix: bytes,
         log_path: str | None = None,
+        tail: Tail | None = None,
     ) -> None:
         self._source = source
         self._dest = dest
         self._prefix = prefix
+        self._tail = tail
         # closed by the pump thread when the rank's output ends
         self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"pump{prefix!r}")
@@ -53,24 +83,30 @@ class Pump:
 
     def _run(self) -> None:
         at_line_start = True
+        source: BinaryIO | None = None
         try:
+            source = self._source() if callable(self._source) else self._source
             while True:
-                chunk = self._source.readline(_CHUNK)
+                chunk = source.readline(_CHUNK)
                 if not chunk:
                     break
                 if self._log is not None:
                     self._log.write(chunk)
                     self._log.flush()
+                if self._tail is not None:
+                    self._tail.add(chunk)
                 out = (self._prefix if at_line_start else b"") + chunk
                 at_line_start = chunk.endswith(b"\n")
-                self._dest.write(out)
-            if not at_line_start:
+                if self._dest is not None:
+                    self._dest.write(out)
+            if not at_line_start and self._dest is not None:
                 self._dest.write(b"\n")
         except (OSError, ValueError) as err:
             logger.debug("pump %r stopped: %s", self._prefix, err)
         finally:
             try:
-                self._source.close()
+                if source is not None:
+                    source.close()
             except OSError:
                 pass
             if self._log is not None:

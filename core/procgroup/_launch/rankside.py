@@ -11,6 +11,16 @@ This module uses the standard library only and no relative imports: the launcher
 ``... -m module args``), which keeps rank start-up cheap and independent of the rest of
 procgroup. ``procgroup.init_process_group`` calls :func:`install_error_handler` too, for
 ranks started by other means with ``PROCGROUP_ERROR_FILE`` set; installing twice is a no-op.
+
+Besides the error file, the bootstrap keeps a *status file* (``PROCGROUP_STATUS_FILE``):
+its pid at start, and the exit code with the time at the moment ``sys.exit(n)`` is raised
+(or the script returns). Why: a rank that calls ``sys.exit(3)`` still runs its atexit
+teardown afterwards (closing its connections), so its peers may fail and be seen dead
+*before* it; the recorded time lets the launcher blame the rank that failed first. With
+``--backend mpi`` the ranks are mpiexec's children, not the launcher's, so the status file
+is also how the launcher learns their pids and exit codes, and named pipes
+(``PROCGROUP_STDOUT_FIFO``/``PROCGROUP_STDERR_FIFO``) carry their output; their paths
+contain ``{rank}``, filled in here from the MPI launcher's rank variable.
 """
 
 from __future__ import annotations
@@ -29,7 +39,16 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 ERROR_FILE_ENV = "PROCGROUP_ERROR_FILE"
+TORCH_ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # torch's @record writes here (same path)
+STATUS_FILE_ENV = "PROCGROUP_STATUS_FILE"
+STDOUT_FIFO_ENV = "PROCGROUP_STDOUT_FIFO"
+STDERR_FIFO_ENV = "PROCGROUP_STDERR_FIFO"
+MPI_LAUNCH_ENV = "PROCGROUP_MPI_LAUNCH"  # "1": started by mpiexec for procgroup-run
 LAUNCHER_PID_ENV = "PROCGROUP_LAUNCHER_PID"
+# (rank, size) variables of the MPI launchers, as in procgroup.rendezvous's env://
+MPI_RANK_VARS = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                 ("PMIX_RANK", None))
+_TEMPLATED = (ERROR_FILE_ENV, TORCH_ERROR_FILE_ENV, STATUS_FILE_ENV, STDOUT_FIFO_ENV, STDERR_FIFO_ENV)
 _PR_SET_PDEATHSIG = 1
 _MARKER = "_procgroup_error_handler"
 _OWN_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
@@ -72,14 +91,66 @@ def write_error_file(
     os.replace(tmp, path)
 
 
-def read_error_file(path: str) -> dict[str, Any] | None:
-    """The record a rank wrote, or None when it wrote none (or it cannot be read)."""
+def _read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_error_file(path: str) -> dict[str, Any] | None:
+    """The record a rank wrote, or None when it wrote none (or it cannot be read).
+
+    torch's ``@record`` format (``{"message": {"message": ..., "extraInfo": {"py_callstack":
+    ..., "timestamp": ...}}}``, written to TORCHELASTIC_ERROR_FILE, the same path) is read
+    as well and returned in this module's shape.
+    """
+    data = _read_json(path)
+    if data is None or "traceback" in data:
+        return data
+    msg = data.get("message")
+    if isinstance(msg, dict):  # torch.distributed.elastic's error file
+        extra = msg.get("extraInfo") if isinstance(msg.get("extraInfo"), dict) else {}
+        text = str(msg.get("message", ""))
+        exc_type, _, message = text.partition(": ")
+        try:
+            when: float | None = float(extra.get("timestamp"))
+        except (TypeError, ValueError):
+            when = None
+        return {"exc_type": exc_type or "Exception", "message": message or text,
+                "traceback": str(extra.get("py_callstack") or text), "time": when}
+    return data
+
+
+def write_status(path: str | None, **fields: Any) -> None:
+    """Record this rank's pid (at start) or exit code and time (at exit), atomically."""
+    if not path:
+        return
+    record = {"pid": os.getpid(), **fields}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)
+    except OSError as err:
+        logger.debug("cannot write status file %s: %s", path, err)
+
+
+def read_status(path: str) -> dict[str, Any] | None:
+    """The rank's status record: {"pid"} while it runs, {"pid", "exitcode", "time"} at exit."""
+    return _read_json(path)
+
+
+def exit_code_of(exc: SystemExit) -> int:
+    """The process exit code Python derives from a SystemExit."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF if code >= 0 else (256 + code) & 0xFF
+    return 1  # sys.exit("message"): printed to stderr, exit code 1
 
 
 def install_error_handler() -> bool:
@@ -137,22 +208,69 @@ def die_with_launcher() -> None:
     except (OSError, AttributeError) as err:
         logger.debug("no prctl here: %s", err)
         return
+    if os.environ.get(MPI_LAUNCH_ENV) == "1":
+        return  # under mpiexec our parent is its proxy: we die with it, it dies with mpiexec
     if str(os.getppid()) != expected:  # the launcher died before prctl took effect
         os._exit(128 + int(signal.SIGKILL))
 
 
 def _usage() -> None:
-    sys.stderr.write("usage: rankside.py (SCRIPT | -m MODULE) [ARGS...]\n")
+    sys.stderr.write("usage: rankside.py (SCRIPT | -m MODULE | --exec PROGRAM) [ARGS...]\n")
     raise SystemExit(2)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Bootstrap of one rank: install the handler, then run the script or module as __main__."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
-        _usage()
-    die_with_launcher()
-    install_error_handler()
+def adopt_mpi_rank() -> None:
+    """Under mpiexec (``procgroup-run --backend mpi``): take RANK from the MPI launcher.
+
+    mpiexec starts every rank with the same environment; the launcher's per-rank file paths
+    contain ``{rank}``. A rank that finds no MPI rank variable, or a size other than the one
+    the launcher asked for, was not started as one MPI world: it stops with a message
+    (never run N worlds of size 1 silently).
+    """
+    if os.environ.get(MPI_LAUNCH_ENV) != "1":
+        return
+    expected = os.environ.get("WORLD_SIZE", "?")
+    for rank_var, size_var in MPI_RANK_VARS:
+        value = os.environ.get(rank_var)
+        if value is None:
+            continue
+        size = os.environ.get(size_var) if size_var else None
+        if size is not None and size != expected:
+            sys.stderr.write(
+                f"procgroup-run --backend mpi: mpiexec started this process as rank {value} of "
+                f"{size} ({rank_var}/{size_var}), but the job has {expected} ranks; the mpiexec "
+                f"used does not match the launcher's request\n"
+            )
+            raise SystemExit(2)
+        rank = value
+        break
+    else:
+        sys.stderr.write(
+            "procgroup-run --backend mpi: this process was not started by an MPI launcher "
+            f"(none of {', '.join(v for v, _ in MPI_RANK_VARS)} is set), so it would be an MPI "
+            f"world of 1 instead of rank ? of {expected}; the mpiexec used is not the one of "
+            "the MPI library mpi4py loads (set PROCGROUP_MPIEXEC to the right one)\n"
+        )
+        raise SystemExit(2)
+    os.environ["RANK"] = os.environ["ROLE_RANK"] = rank
+    node_offset = int(os.environ.get("GROUP_RANK", "0")) * int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    os.environ["LOCAL_RANK"] = str(int(rank) - node_offset)
+    for var in _TEMPLATED:
+        if var in os.environ:
+            os.environ[var] = os.environ[var].replace("{rank}", rank)
+
+
+def redirect_to_fifos() -> None:
+    """Point fds 1 and 2 at the launcher's named pipes (ranks under mpiexec)."""
+    for var, fd in ((STDOUT_FIFO_ENV, 1), (STDERR_FIFO_ENV, 2)):
+        path = os.environ.pop(var, None)
+        if path:
+            target = os.open(path, os.O_WRONLY)  # blocks until the launcher's reader is there
+            os.dup2(target, fd)
+            os.close(target)
+
+
+def _run_python(args: list[str]) -> None:
     if args[0] == "-m":
         if len(args) < 2:
             _usage()
@@ -165,6 +283,44 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv = [script, *args[1:]]
         sys.path[0] = os.path.dirname(os.path.realpath(script))  # what ``python script`` does
         runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Bootstrap of one rank: install the handler, then run the script or module as __main__
+    (or, with ``--exec``, replace this process by the program: ``--no-python``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or (args[0] in ("-m", "--exec", "--exec-mpiexec") and len(args) < 2):
+        _usage()
+    if args[0] == "--exec-mpiexec":  # the launcher's mpiexec: dies with the launcher too
+        os.environ.pop(MPI_LAUNCH_ENV, None)
+        die_with_launcher()
+        os.environ[MPI_LAUNCH_ENV] = "1"  # for the ranks mpiexec starts
+        os.execv(args[1], args[1:])
+    die_with_launcher()
+    adopt_mpi_rank()
+    redirect_to_fifos()
+    status = os.environ.get(STATUS_FILE_ENV)
+    write_status(status, started=time.time())
+    if args[0] == "--exec":
+        sys.stdout.flush()
+        try:
+            os.execvp(args[1], args[1:])  # PR_SET_PDEATHSIG survives exec
+        except OSError as err:
+            sys.stderr.write(f"procgroup-run: cannot execute {args[1]!r}: {err.strerror}\n")
+            write_status(status, exitcode=127, time=time.time())
+            raise SystemExit(127) from None
+    install_error_handler()
+    try:
+        _run_python(args)
+    except SystemExit as exc:
+        # recorded now, before the atexit teardown that lets the peers notice this rank
+        write_status(status, exitcode=exit_code_of(exc), time=time.time())
+        raise
+    except BaseException as exc:
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        write_status(status, exitcode=code, time=time.time(), raised=True)
+        raise
+    write_status(status, exitcode=0, time=time.time())
 
 
 if __name__ == "__main__":

@@ -117,6 +117,19 @@ def _host_port(url: urllib.parse.SplitResult, scheme: str) -> tuple[str, int]:
 
 
 # ------------------------------------------------------------------ built-in methods
+def launcher_hint(world_size: int = -1) -> str:
+    """The procgroup-run command line that would start this program with its ranks set."""
+    import shlex
+    import sys
+
+    argv = list(sys.argv) if sys.argv and sys.argv[0] not in ("", "-c") else ["script.py"]
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and getattr(spec, "name", None):  # started as python -m pkg.mod
+        argv = ["-m", spec.name.removesuffix(".__main__"), *argv[1:]]
+    n = world_size if world_size > 0 else 4
+    return "`procgroup-run --nproc-per-node " + str(n) + " " + shlex.join(argv) + "`"
+
+
 def env_rendezvous(
     url: urllib.parse.SplitResult,
     *,
@@ -137,8 +150,10 @@ def env_rendezvous(
         value, var = env.rank_and_source()
         if value is None:
             raise InvalidArgumentError(
-                "env://: RANK is not set; pass rank=... or set one of RANK, "
-                "OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, SLURM_PROCID"
+                "env://: RANK is not set, so this process was not started by a launcher. "
+                f"Start the program with {launcher_hint(world_size)}, or set RANK, "
+                "WORLD_SIZE, MASTER_ADDR and MASTER_PORT (or one of OMPI_COMM_WORLD_RANK, "
+                "PMI_RANK, PMIX_RANK, SLURM_PROCID), or pass rank=... and world_size=..."
             )
         rank, rank_src = value, f"environment variable {var}"
     if world_size == -1:
@@ -146,7 +161,8 @@ def env_rendezvous(
         if value is None:
             raise InvalidArgumentError(
                 "env://: WORLD_SIZE is not set; pass world_size=... or set one of "
-                "WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS"
+                "WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS (procgroup-run "
+                f"sets it: {launcher_hint(-1)})"
             )
         world_size, size_src = value, f"environment variable {var}"
     _check_rank(rank, world_size, scheme, rank_src, size_src)
