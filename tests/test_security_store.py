@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import random
+import signal
 import socket
 import stat
 import struct
@@ -532,6 +533,7 @@ def test_file_rendezvous_token_in_a_0600_file(monkeypatch):
         if pid == 0:  # pragma: no cover - the child
             code = 3
             try:
+                signal.alarm(30)  # forked from a threaded process: never hang the suite
                 os.setgid(65534)
                 os.setuid(65534)
                 try:
