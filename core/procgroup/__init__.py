@@ -44,11 +44,23 @@ from .errors import (
     MismatchError,
     PeerError,
     ProcGroupError,
+    RemoteError,
 )
 from .groups import Group, GroupMember, group
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from .ops import ReduceOp, reduce_op
 from .plugins import register_backend
+from . import remote
+from .remote import (
+    Event,
+    Stream,
+    current_node,
+    init_master_worker,
+    node,
+    num_nodes,
+    set_node,
+    synchronize,
+)
 
 __version__ = "0.1.0"
 
@@ -67,6 +79,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "AuthenticationError",
     "Backend",
+    "Event",
     "BackendSpec",
     "ChannelClosedError",
     "ChannelContext",
@@ -80,6 +93,8 @@ __all__ = [
     "PeerError",
     "ProcGroupError",
     "ReduceOp",
+    "RemoteError",
+    "Stream",
     "Work",
     "__version__",
     "all_gather",
@@ -89,6 +104,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object_list",
+    "current_node",
     "destroy_process_group",
     "gather",
     "gather_object",
@@ -99,12 +115,15 @@ __all__ = [
     "group",
     "group_channel",
     "hookimpl",
+    "init_master_worker",
     "init_process_group",
     "irecv",
     "is_available",
     "is_initialized",
     "isend",
     "new_group",
+    "node",
+    "num_nodes",
     "recv",
     "reduce",
     "reduce_op",
@@ -112,5 +131,8 @@ __all__ = [
     "register_backend",
     "scatter",
     "scatter_object_list",
+    "remote",
     "send",
+    "set_node",
+    "synchronize",
 ]

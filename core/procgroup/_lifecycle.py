@@ -185,6 +185,11 @@ def destroy_process_group(group: Any = None) -> None:
         if group is not None and group is not GroupMember.WORLD and group is not st.world:
             _close_group(group)
             return
+        for hook in list(_state.teardown_hooks):
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - the channels must close anyway
+                log.warning("a teardown hook failed", exc_info=True)
         _ops.bind_world(None)
         for g in reversed(st.groups):
             _close_group(g)

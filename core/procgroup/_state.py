@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import arrays
 from .backend import BackendSpec, ChannelContext, DataChannel
@@ -38,6 +38,9 @@ class State:
 
 state: State | None = None
 lock = threading.RLock()
+#: called (in order) by destroy_process_group() of the whole world before any channel
+#: closes: master-worker mode ends its workers here
+teardown_hooks: list[Callable[[], None]] = []
 
 
 def world() -> State:
@@ -131,5 +134,6 @@ __all__ = [
     "open_side_channel",
     "resolve",
     "state",
+    "teardown_hooks",
     "world",
 ]

@@ -93,6 +93,22 @@ class MismatchError(ProcGroupError, RuntimeError):
         self.ranks = tuple(ranks)
 
 
+class RemoteError(ProcGroupError, RuntimeError):
+    """An operation failed on a master-worker node; raised on the master at the next sync
+    point that depends on it. ``node``, ``rank``, ``op``, ``exc_type`` and the worker's
+    ``remote_traceback`` say what failed where; ``errors`` lists every failure reported."""
+
+    def __init__(self, message: str, *, node: int = -1, rank: int = -1, op: str = "", exc_type: str = "",
+                 remote_traceback: str = "", errors: Iterable[tuple[object, ...]] = ()) -> None:
+        super().__init__(message)
+        self.node = node
+        self.rank = rank
+        self.op = op
+        self.exc_type = exc_type
+        self.remote_traceback = remote_traceback
+        self.errors = list(errors)
+
+
 __all__ = [
     "AlreadyInitializedError",
     "AuthenticationError",
@@ -107,6 +123,7 @@ __all__ = [
     "PeerError",
     "PluginError",
     "ProcGroupError",
+    "RemoteError",
     "RendezvousError",
     "StoreError",
     "StoreTimeoutError",

@@ -1,0 +1,124 @@
+"""The master-worker wire: tags, frames and the error record, shared by both sides.
+
+Everything travels over the world group's point-to-point calls (the job's own,
+authenticated transport). Commands go master -> worker on :data:`CMD_TAG` in fixed-size
+frames (:data:`FRAME` bytes: a 16-byte header, then a pickled batch of commands; a batch
+larger than one frame sends its remainder as one more message). Replies go worker ->
+master on a tag of their own per request (:func:`reply_tag`), the same frame layout,
+with array data inline when it fits and as one more message of exactly its size when it
+does not. Worker -> worker copies (``RemoteArray.to``) and master -> worker copies
+(``remote.send``) use a tag per transfer (:func:`transfer_tag`).
+
+Commands are pickles and are accepted only from rank 0, the master: an authenticated
+member of the job (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Master-worker traffic uses world tags [2**30, 2**31): user tags below stay free.
+TAG_BASE = 1 << 30
+CMD_TAG = TAG_BASE
+HELLO_TAG = TAG_BASE + 1
+_REPLY_BASE = TAG_BASE + 16
+_XFER_BASE = TAG_BASE + (1 << 28)
+_SPAN = 1 << 28
+
+#: Frame size in bytes (commands and replies); the first 16 bytes are the header.
+FRAME = 4096
+HEADER = struct.Struct("<B7xQ")  # kind, total payload length
+INLINE = FRAME - HEADER.size
+
+# frame kinds
+K_CMDS = 1  # a pickled list of commands
+K_OK = 2  # reply: payload is the data / pickled value, inline
+K_OK_MORE = 3  # reply: the payload follows as one more message of the announced length
+K_ERR = 4  # reply: payload is a pickled ErrorInfo (list), inline or followed (len > INLINE)
+
+
+def reply_tag(n: int) -> int:
+    return _REPLY_BASE + n % (_SPAN - 16)
+
+
+def transfer_tag(n: int) -> int:
+    return _XFER_BASE + n % _SPAN
+
+
+def dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def byte_view(array: np.ndarray) -> np.ndarray:
+    """A flat uint8 view of a C-contiguous array (what goes on the wire)."""
+    return array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
+
+
+def send_payload(channel: Any, buf: np.ndarray, dst: int, tag: int, kind: int, payload: Any) -> None:
+    """Send ``payload`` (bytes or a uint8 array) as a frame of ``kind``; what does not
+    fit in the frame follows as one more message. ``buf`` is a FRAME-byte scratch array."""
+    n = len(payload)
+    HEADER.pack_into(buf, 0, kind, n)
+    head = min(n, INLINE)
+    if head:
+        buf[HEADER.size:HEADER.size + head] = np.frombuffer(payload, np.uint8, head)
+    channel.send(buf, dst, tag)
+    if n > INLINE:
+        rest = payload[INLINE:]
+        channel.send(rest if isinstance(rest, np.ndarray) else np.frombuffer(rest, np.uint8), dst, tag)
+
+
+def recv_payload(channel: Any, buf: np.ndarray, src: int, tag: int) -> tuple[int, bytes | np.ndarray]:
+    """Receive one frame (and its remainder): (kind, payload bytes)."""
+    channel.recv(buf, src, tag)
+    kind, n = HEADER.unpack_from(buf, 0)
+    if n <= INLINE:
+        return kind, buf[HEADER.size:HEADER.size + n].tobytes()
+    whole = np.empty(n, np.uint8)
+    whole[:INLINE] = buf[HEADER.size:]
+    channel.recv(whole[INLINE:], src, tag)
+    return kind, whole
+
+
+@dataclass
+class ErrorInfo:
+    """What failed on a worker: enough to raise :class:`procgroup.RemoteError` on the master."""
+
+    node: int
+    rank: int
+    op: str
+    exc_type: str
+    message: str
+    traceback: str
+    stream: int = 0
+    reported: bool = field(default=False, compare=False)
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return (self.node, self.rank, self.op, self.exc_type, self.message, self.traceback, self.stream)
+
+
+class Ref:
+    """A worker array named in a command (its id)."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id_: int) -> None:
+        self.id = id_
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Ref, (self.id,))
+
+    def __repr__(self) -> str:
+        return f"Ref({self.id})"
+
+
+__all__ = [
+    "CMD_TAG", "FRAME", "HEADER", "HELLO_TAG", "INLINE", "K_CMDS", "K_ERR", "K_OK", "K_OK_MORE",
+    "TAG_BASE", "ErrorInfo", "Ref", "byte_view", "dumps", "recv_payload", "reply_tag", "send_payload",
+    "transfer_tag",
+]

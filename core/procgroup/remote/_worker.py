@@ -1,0 +1,730 @@
+"""The worker side of master-worker mode: receive commands from the master, run them.
+
+One thread (the process's main thread) receives command batches from rank 0 and
+dispatches them in order. Each stream is a thread with a queue, so a stream runs its
+commands in the order the master issued them, and different streams overlap. Arrays live
+in *slots*: a command names arrays by id, and dispatch binds those ids to slot objects
+right away, so an array the master frees later stays alive for the commands that still
+use it, and an array made on one stream is awaited by a command on another.
+
+Small commands (the master marks them: a few KiB of data, no blocking) run on the
+dispatching thread itself when their stream is idle: a small op and its get() cost one
+message each way and no thread hand-off.
+
+A failed command records an :class:`ErrorInfo` on the arrays it would have written; a
+command reading such an array passes the error on instead of running; get() and the
+synchronizations report it to the master, which raises :class:`procgroup.RemoteError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import _lifecycle, _ops
+from ..errors import CommTimeoutError, ProcGroupError
+from ..ops import ReduceOp
+from . import _protocol as P
+from ._protocol import ErrorInfo, Ref
+
+log = logging.getLogger(__name__)
+
+
+class Slot:
+    """One array (or run() value) on this worker; ``ready`` is set once its producer ran."""
+
+    __slots__ = ("value", "error", "ready")
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.error: ErrorInfo | None = None
+        self.ready = threading.Event()
+
+
+class WEvent:
+    __slots__ = ("flag", "t")
+
+    def __init__(self) -> None:
+        self.flag = threading.Event()
+        self.t = 0.0
+
+
+class Job:
+    __slots__ = ("kind", "stream", "outs", "meta", "writes", "inputs", "args", "extra")
+
+    def __init__(self, kind: str, stream: int, outs: list[Slot], meta: tuple[Any, ...], writes: list[Slot],
+                 inputs: list[Slot], args: Any, extra: Any = None) -> None:
+        self.kind, self.stream, self.outs, self.meta = kind, stream, outs, meta
+        self.writes, self.inputs, self.args, self.extra = writes, inputs, args, extra
+
+
+class StreamThread:
+    def __init__(self, worker: "Worker", sid: int) -> None:
+        self.sid = sid
+        self.q: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.enqueued = 0  # written by the dispatcher only
+        self.done = 0  # written by this stream's thread only
+        self.thread = threading.Thread(target=self._loop, args=(worker,), name=f"procgroup-stream-{sid}", daemon=True)
+        self.thread.start()
+
+    @property
+    def idle(self) -> bool:
+        return self.enqueued == self.done
+
+    def submit(self, job: Job) -> None:
+        self.enqueued += 1
+        self.q.put(job)
+
+    def _loop(self, worker: "Worker") -> None:
+        while True:
+            job = self.q.get()
+            if job is None:
+                return
+            try:
+                worker.execute(job)
+            finally:
+                self.done += 1
+
+
+#: kinds the dispatcher may run itself when the master marked the command small
+_INLINE_KINDS = frozenset({"new", "put", "ufunc", "func", "method", "getitem", "setitem", "get", "getv", "record",
+                           "ssync"})
+
+
+def _cupy() -> Any:
+    import cupy  # noqa: PLC0415 - only where device >= 0 is used
+
+    return cupy
+
+
+class _NoCtx:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: Any) -> None:
+        return None
+
+
+_NOCTX = _NoCtx()
+
+
+def _xp(device: int) -> tuple[Any, Any]:
+    if device < 0:
+        return np, _NOCTX
+    cp = _cupy()
+    return cp, cp.cuda.Device(device)
+
+
+def _host(value: Any) -> np.ndarray:
+    """A C-contiguous host copy (or view) of a worker array."""
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value)
+    return np.ascontiguousarray(_cupy().asnumpy(value))
+
+
+class Worker:
+    def __init__(self, node: int, rank: int, timeout: float, workers_group: Any) -> None:
+        self.node, self.rank, self.timeout = node, rank, timeout
+        self.channel = _lifecycle.group_channel(None, "init_master_worker")
+        self.slots: dict[int, Slot] = {}
+        self.events: dict[int, WEvent] = {}
+        self.streams: dict[int, StreamThread] = {}
+        self.groups: dict[tuple[int, ...], Any] = {}
+        if workers_group is not None:
+            self.groups[tuple(workers_group.ranks)] = workers_group
+        self.group_issued: dict[tuple[int, ...], int] = {}
+        self.group_done: dict[tuple[int, ...], int] = {}
+        self.group_cv = threading.Condition()
+        self.unreported: list[ErrorInfo] = []
+        self.err_lock = threading.Lock()
+        self.local = threading.local()
+        self.main_buf = np.empty(P.FRAME, np.uint8)
+
+    # ------------------------------------------------------------ plumbing
+    def buf(self) -> np.ndarray:
+        b = getattr(self.local, "buf", None)
+        if b is None:
+            b = self.local.buf = np.empty(P.FRAME, np.uint8)
+        return b
+
+    def reply(self, tag: int, value: Any) -> None:
+        P.send_payload(self.channel, self.buf(), 0, tag, P.K_OK, P.dumps(value))
+
+    def reply_error(self, tag: int, errors: list[ErrorInfo]) -> None:
+        for e in errors:
+            e.reported = True
+        P.send_payload(self.channel, self.buf(), 0, tag, P.K_ERR, P.dumps([e.as_tuple() for e in errors]))
+
+    def send_array(self, dst: int, tag: int, value: Any) -> None:
+        host = _host(value)
+        P.send_payload(self.channel, self.buf(), dst, tag, P.K_OK, P.byte_view(host))
+
+    def recv_array(self, src: int, tag: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | list[ErrorInfo]:
+        out = np.empty(shape, dtype)
+        err = recv_into(self.channel, self.buf(), src, tag, P.byte_view(out))
+        return out if err is None else err
+
+    def stream(self, sid: int) -> StreamThread:
+        st = self.streams.get(sid)
+        if st is None:
+            st = self.streams[sid] = StreamThread(self, sid)
+        return st
+
+    def record_error(self, job: Job, exc: BaseException, op: str) -> ErrorInfo:
+        info = ErrorInfo(self.node, self.rank, op, type(exc).__name__, str(exc),
+                         "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), job.stream)
+        with self.err_lock:
+            self.unreported.append(info)
+        return info
+
+    def take_errors(self, stream: int | None = None) -> list[ErrorInfo]:
+        with self.err_lock:
+            mine = [e for e in self.unreported if not e.reported and (stream is None or e.stream == stream)]
+            self.unreported = [e for e in self.unreported if not e.reported and e not in mine]
+        return mine
+
+    # ------------------------------------------------------------ dispatch (main thread)
+    def bind(self, obj: Any, inputs: list[Slot]) -> Any:
+        t = type(obj)
+        if t is Ref:
+            slot = self.slots.get(obj.id)
+            if slot is None:
+                raise KeyError(f"array #{obj.id} does not exist on node {self.node} (freed?)")
+            inputs.append(slot)
+            return slot
+        if t is tuple or t is list:
+            return t(self.bind(o, inputs) for o in obj)
+        if t is dict:
+            return {k: self.bind(v, inputs) for k, v in obj.items()}
+        return obj
+
+    def dispatch(self, cmd: tuple[Any, ...]) -> bool:
+        """Run or queue one command; False once the master said goodbye."""
+        kind = cmd[0]
+        main = _MAIN.get(kind)
+        if main is not None:
+            return main(self, *cmd[1:]) is not False
+        _, sid, outs, writes, small, args = cmd
+        inputs: list[Slot] = []
+        outs_slots = []
+        for o in outs:
+            s = Slot()
+            self.slots[o[0]] = s
+            outs_slots.append(s)
+        write_slots = [self.slots[r.id] for r in writes]
+        try:
+            bound = self.bind(args, inputs)
+        except KeyError as exc:
+            bound = None
+            job = Job(kind, sid, outs_slots, tuple(o[1:] for o in outs), write_slots, inputs, None)
+            info = self.record_error(job, exc, kind)
+            for s in outs_slots + write_slots:
+                s.error = info
+                s.ready.set()
+            return True
+        job = Job(kind, sid, outs_slots, tuple(o[1:] for o in outs), write_slots, inputs, bound)
+        prep = _PREPARE.get(kind)
+        if prep is not None:
+            prep(self, job)
+        st = self.stream(sid)
+        if small and st.idle and kind in _INLINE_KINDS and all(s.ready.is_set() for s in inputs):
+            self.execute(job)
+        else:
+            st.submit(job)
+        return True
+
+    # ------------------------------------------------------------ execution (stream threads)
+    def execute(self, job: Job) -> None:
+        try:
+            err = None
+            for s in job.inputs:
+                if not s.ready.is_set() and not s.ready.wait(self.timeout):
+                    raise CommTimeoutError(f"an input array was not computed within {self.timeout}s")
+                if s.error is not None and err is None:
+                    err = s.error
+            if err is not None and job.kind not in _HANDLES_ERRORS:
+                for s in job.outs + job.writes:
+                    s.error = err
+                return
+            _HANDLERS[job.kind](self, job)
+        except BaseException as exc:  # noqa: BLE001 - every failure goes to the master
+            info = self.record_error(job, exc, _op_name(job))
+            for s in job.outs + job.writes:
+                s.error = info
+        finally:
+            for s in job.outs:
+                s.ready.set()
+
+    def store(self, job: Job, results: Any, device: int) -> None:
+        if not isinstance(results, tuple):
+            results = (results,)
+        xp, _ = _xp(device)
+        for slot, meta, r in zip(job.outs, job.meta, results):
+            arr = xp.asarray(r)
+            shape, dtype = meta
+            if arr.shape != tuple(shape):
+                raise RuntimeError(f"procgroup.remote internal error: the master predicted shape {tuple(shape)}, "
+                                   f"the worker got {arr.shape}")
+            if arr.dtype != np.dtype(dtype):
+                arr = arr.astype(dtype)
+            slot.value = arr
+
+    def values(self, obj: Any, device: int) -> Any:
+        t = type(obj)
+        if t is Slot:
+            return obj.value
+        if t is tuple or t is list:
+            return t(self.values(o, device) for o in obj)
+        if t is dict:
+            return {k: self.values(v, device) for k, v in obj.items()}
+        if device >= 0 and t is np.ndarray:
+            return _cupy().asarray(obj)
+        return obj
+
+    # ------------------------------------------------------------ the loop
+    def serve(self) -> int:
+        """Receive and dispatch until the master says goodbye (0) or is gone (1)."""
+        buf = self.main_buf
+        channel = self.channel
+        while True:
+            try:
+                kind, payload = P.recv_payload(channel, buf, 0, P.CMD_TAG)
+            except CommTimeoutError:
+                continue  # the master is just quiet
+            except BaseException as exc:  # noqa: BLE001
+                return self.master_gone(exc)
+            if kind != P.K_CMDS:
+                return self.master_gone(ProcGroupError(f"unexpected frame kind {kind} from the master"))
+            for cmd in pickle.loads(payload):  # from rank 0 only: an authenticated member of the job
+                if not self.dispatch(cmd):
+                    return 0
+
+    def master_gone(self, exc: BaseException) -> int:
+        sys.stderr.write(f"procgroup master-worker: node {self.node} (rank {self.rank}): the master (rank 0) "
+                         f"is gone without ending the job ({type(exc).__name__}: {exc}); this worker ends\n")
+        return 1
+
+
+def recv_into(channel: Any, buf: np.ndarray, src: int, tag: int, target: np.ndarray) -> list[ErrorInfo] | None:
+    """Receive a data frame into ``target`` (a uint8 view); the sender's errors instead, if any."""
+    channel.recv(buf, src, tag)
+    kind, n = P.HEADER.unpack_from(buf, 0)
+    if kind == P.K_ERR:
+        payload: Any = buf[P.HEADER.size:P.HEADER.size + min(n, P.INLINE)].tobytes()
+        if n > P.INLINE:
+            rest = np.empty(n - P.INLINE, np.uint8)
+            channel.recv(rest, src, tag)
+            payload += rest.tobytes()
+        return [ErrorInfo(*t) for t in pickle.loads(payload)]
+    if n != target.nbytes:
+        raise ProcGroupError(f"master-worker protocol: expected {target.nbytes} bytes from rank {src}, got {n}")
+    head = min(n, P.INLINE)
+    target[:head] = buf[P.HEADER.size:P.HEADER.size + head]
+    if n > P.INLINE:
+        channel.recv(target[P.INLINE:], src, tag)
+    return None
+
+
+def _op_name(job: Job) -> str:
+    a = job.args
+    if job.kind == "ufunc":
+        return a[0] if a[1] == "__call__" else f"{a[0]}.{a[1]}"
+    if job.kind in ("func", "method"):
+        return a[0]
+    if job.kind == "new":
+        return a[0]
+    if job.kind == "run":
+        return f"remote.run({job.extra})"
+    if job.kind == "coll":
+        return f"remote.{a[0]}"
+    return job.kind
+
+
+# --------------------------------------------------------------------- handlers
+def _h_new(w: Worker, j: Job) -> None:
+    name, fargs, fkwargs, device = j.args
+    xp, ctx = _xp(device)
+    with ctx:
+        w.store(j, getattr(xp, name)(*fargs, **fkwargs), device)
+
+
+def _h_put(w: Worker, j: Job) -> None:
+    shape, dtype, device, data, tag = j.args
+    if data is not None:
+        arr = np.frombuffer(data, dtype).reshape(shape).copy()
+    else:
+        arr = w.recv_array(0, tag, shape, np.dtype(dtype))
+        if isinstance(arr, list):
+            raise ProcGroupError("the master failed to send the data")
+    if device >= 0:
+        cp = _cupy()
+        with cp.cuda.Device(device):
+            arr = cp.asarray(arr)
+    j.outs[0].value = arr
+
+
+def _h_ufunc(w: Worker, j: Job) -> None:
+    name, method, inputs, kwargs, device = j.args
+    xp, ctx = _xp(device)
+    with ctx:
+        fn = getattr(xp, name)
+        if method != "__call__":
+            fn = getattr(fn, method)
+        kw = w.values(kwargs, device)
+        res = fn(*w.values(inputs, device), **kw)
+    if j.outs:
+        w.store(j, res, device)
+
+
+def _h_func(w: Worker, j: Job) -> None:
+    name, fargs, fkwargs, device = j.args
+    xp, ctx = _xp(device)
+    with ctx:
+        res = getattr(xp, name)(*w.values(fargs, device), **w.values(fkwargs, device))
+    if j.outs:
+        w.store(j, res, device)
+
+
+def _h_method(w: Worker, j: Job) -> None:
+    name, obj, margs, mkwargs, device = j.args
+    _, ctx = _xp(device)
+    with ctx:
+        res = getattr(obj.value, name)(*w.values(margs, device), **w.values(mkwargs, device))
+    if j.outs:
+        w.store(j, res, device)
+
+
+def _h_getitem(w: Worker, j: Job) -> None:
+    obj, key, device = j.args
+    _, ctx = _xp(device)
+    with ctx:
+        w.store(j, obj.value[w.values(key, device)], device)
+
+
+def _h_setitem(w: Worker, j: Job) -> None:
+    obj, key, value, device = j.args
+    _, ctx = _xp(device)
+    with ctx:
+        obj.value[w.values(key, device)] = w.values(value, device)
+
+
+def _h_get(w: Worker, j: Job) -> None:
+    obj, tag = j.args
+    if obj.error is not None:
+        w.reply_error(tag, [obj.error])
+        return
+    try:
+        host = _host(obj.value)
+    except BaseException as exc:  # noqa: BLE001 - the master is waiting for this reply
+        w.reply_error(tag, [w.record_error(j, exc, "get")])
+        return
+    w.send_array(0, tag, host)
+
+
+def _h_getv(w: Worker, j: Job) -> None:
+    obj, tag = j.args
+    if obj.error is not None:
+        w.reply_error(tag, [obj.error])
+        return
+    w.reply(tag, obj.value)
+
+
+def _h_send_to(w: Worker, j: Job) -> None:
+    obj, dst, tag = j.args
+    if obj.error is not None:
+        w.reply_error_to(dst, tag, [obj.error])  # type: ignore[attr-defined]
+        return
+    w.send_array(dst, tag, obj.value)
+
+
+def _reply_error_to(self: Worker, dst: int, tag: int, errors: list[ErrorInfo]) -> None:
+    P.send_payload(self.channel, self.buf(), dst, tag, P.K_ERR, P.dumps([e.as_tuple() for e in errors]))
+
+
+Worker.reply_error_to = _reply_error_to  # type: ignore[attr-defined]
+
+
+def _h_recv_from(w: Worker, j: Job) -> None:
+    shape, dtype, device, src, tag = j.args
+    got = w.recv_array(src, tag, tuple(shape), np.dtype(dtype))
+    if isinstance(got, list):
+        j.outs[0].error = got[0]  # the source array had failed: pass its error on
+        return
+    if device >= 0:
+        cp = _cupy()
+        with cp.cuda.Device(device):
+            got = cp.asarray(got)
+    j.outs[0].value = got
+
+
+def _h_to_device(w: Worker, j: Job) -> None:
+    obj, device = j.args
+    if device < 0:
+        j.outs[0].value = _host(obj.value).copy() if isinstance(obj.value, np.ndarray) else _host(obj.value)
+    else:
+        cp = _cupy()
+        with cp.cuda.Device(device):
+            j.outs[0].value = cp.array(obj.value, copy=True)
+
+
+def _h_run(w: Worker, j: Job) -> None:
+    fn_bytes, fargs, fkwargs, tag = j.args
+    try:
+        fn = pickle.loads(fn_bytes)
+        j.extra = getattr(fn, "__qualname__", repr(fn))
+        res = fn(*w.values(fargs, -1), **w.values(fkwargs, -1))
+    except BaseException as exc:  # noqa: BLE001
+        info = w.record_error(j, exc, _op_name(j))
+        j.outs[0].error = info
+        w.reply_error(tag, [info])
+        return
+    j.outs[0].value = res
+    if isinstance(res, np.ndarray):
+        meta: tuple[Any, ...] = ("array", res.shape, res.dtype.str, -1)
+    elif type(res).__module__.startswith("cupy") and hasattr(res, "device"):
+        meta = ("array", res.shape, res.dtype.str, int(res.device.id))
+    else:
+        meta = ("value",)
+    w.reply(tag, meta)
+
+
+def _h_coll(w: Worker, j: Job) -> None:
+    what, ranks, obj, arg, shape, dtype = j.args
+    seq = j.extra
+    group = w.groups[ranks]
+    with w.group_cv:  # every worker runs a group's collectives in the master's order
+        if not w.group_cv.wait_for(lambda: w.group_done.get(ranks, 0) == seq, w.timeout):
+            raise CommTimeoutError(f"remote.{what}: an earlier collective of nodes {ranks} did not finish")
+    try:
+        value = obj.value
+        if obj.error is not None:  # still take part, so the other nodes are not left waiting
+            _ops.all_reduce(np.zeros(shape, dtype), ReduceOp(arg), group=group) if what == "all_reduce" \
+                else _ops.broadcast(np.zeros(shape, dtype), arg, group=group)
+            return
+        contiguous = getattr(value, "flags", None) is not None and value.flags.c_contiguous
+        buf = value if contiguous else value.copy()
+        if what == "all_reduce":
+            _ops.all_reduce(buf, ReduceOp(arg), group=group)
+        else:
+            _ops.broadcast(buf, arg, group=group)
+        if not contiguous:
+            value[...] = buf
+    finally:
+        with w.group_cv:
+            w.group_done[ranks] = seq + 1
+            w.group_cv.notify_all()
+
+
+def _h_record(w: Worker, j: Job) -> None:
+    ev: WEvent = j.extra
+    ev.t = time.perf_counter()
+    ev.flag.set()
+
+
+def _h_wait_event(w: Worker, j: Job) -> None:
+    ev: WEvent | None = j.extra
+    if ev is not None and not ev.flag.wait(w.timeout):
+        raise CommTimeoutError(f"Event.wait: the event was not reached within {w.timeout}s")
+
+
+def _h_mark(w: Worker, j: Job) -> None:
+    j.extra.set()
+
+
+def _h_ssync(w: Worker, j: Job) -> None:
+    (tag,) = j.args
+    errors = w.take_errors(j.stream)
+    if errors:
+        w.reply_error(tag, errors)
+    else:
+        w.reply(tag, None)
+
+
+_HANDLERS: dict[str, Callable[[Worker, Job], None]] = {
+    "new": _h_new, "put": _h_put, "ufunc": _h_ufunc, "func": _h_func, "method": _h_method,
+    "getitem": _h_getitem, "setitem": _h_setitem, "get": _h_get, "getv": _h_getv, "send_to": _h_send_to,
+    "recv_from": _h_recv_from, "to_device": _h_to_device, "run": _h_run, "coll": _h_coll,
+    "record": _h_record, "wait_event": _h_wait_event, "mark": _h_mark, "ssync": _h_ssync,
+}
+#: kinds that see their inputs' errors themselves (they must answer someone)
+_HANDLES_ERRORS = frozenset({"get", "getv", "send_to", "coll", "ssync", "mark", "record", "wait_event", "run"})
+
+
+def _prep_record(w: Worker, j: Job) -> None:
+    ev = WEvent()
+    w.events[j.args[0]] = ev
+    j.extra = ev
+
+
+def _prep_wait_event(w: Worker, j: Job) -> None:
+    j.extra = w.events.get(j.args[0])
+
+
+def _prep_coll(w: Worker, j: Job) -> None:
+    ranks = j.args[1]
+    seq = w.group_issued.get(ranks, 0)
+    w.group_issued[ranks] = seq + 1
+    j.extra = seq
+
+
+def _prep_run(w: Worker, j: Job) -> None:
+    j.extra = "fn"
+
+
+_PREPARE: dict[str, Callable[[Worker, Job], None]] = {
+    "record": _prep_record, "wait_event": _prep_wait_event, "coll": _prep_coll, "run": _prep_run,
+}
+
+
+# --------------------------------------------------------------------- main-thread commands
+def _m_free(w: Worker, ids: tuple[int, ...]) -> None:
+    for i in ids:
+        w.slots.pop(i, None)
+        w.events.pop(i, None)
+
+
+def _m_group(w: Worker, ranks: tuple[int, ...]) -> None:
+    g = _lifecycle.new_group(list(ranks))
+    if w.rank in ranks:
+        w.groups[tuple(ranks)] = g
+
+
+def _when_drained(w: Worker, then: Callable[[], None]) -> None:
+    """Run ``then`` once every stream has run what was dispatched before now."""
+    busy = [st for st in w.streams.values() if not st.idle]
+    if not busy:
+        then()
+        return
+    marks = []
+    for st in busy:
+        ev = threading.Event()
+        marks.append(ev)
+        st.submit(Job("mark", st.sid, [], (), [], [], None, ev))
+
+    def waiter() -> None:
+        deadline = time.monotonic() + w.timeout
+        for ev in marks:
+            ev.wait(max(0.0, deadline - time.monotonic()))
+        then()
+
+    threading.Thread(target=waiter, name="procgroup-node-sync", daemon=True).start()
+
+
+def _m_sync(w: Worker, tag: int) -> None:
+    def then() -> None:
+        errors = w.take_errors()
+        if errors:
+            w.reply_error(tag, errors)
+        else:
+            w.reply(tag, None)
+
+    _when_drained(w, then)
+
+
+def _m_mem(w: Worker, tag: int) -> None:
+    def then() -> None:
+        seen: dict[int, int] = {}
+        arrays = 0
+        for slot in list(w.slots.values()):
+            v = slot.value
+            nbytes = getattr(v, "nbytes", None)
+            if nbytes is None or not hasattr(v, "shape"):
+                continue
+            arrays += 1
+            base = v
+            while getattr(base, "base", None) is not None and hasattr(base.base, "nbytes"):
+                base = base.base
+            seen[id(base)] = int(base.nbytes)
+        w.reply(tag, {"arrays": arrays, "bytes": sum(seen.values())})
+
+    _when_drained(w, then)
+
+
+def _m_squery(w: Worker, sid: int, tag: int) -> None:
+    st = w.streams.get(sid)
+    w.reply(tag, st is None or st.idle)
+
+
+def _m_equery(w: Worker, eid: int, tag: int) -> None:
+    ev = w.events.get(eid)
+    w.reply(tag, ev is None or ev.flag.is_set())
+
+
+def _m_esync(w: Worker, eids: tuple[int, ...], tag: int) -> None:
+    evs = [w.events.get(e) for e in eids]
+
+    def waiter() -> None:
+        deadline = time.monotonic() + w.timeout
+        for ev in evs:
+            if ev is not None and not ev.flag.wait(max(0.0, deadline - time.monotonic())):
+                w.reply_error(tag, [ErrorInfo(w.node, w.rank, "Event.synchronize", "CommTimeoutError",
+                                              f"the event was not reached within {w.timeout}s", "")])
+                return
+        if len(evs) == 2:
+            if evs[0] is None or evs[1] is None:
+                w.reply_error(tag, [ErrorInfo(w.node, w.rank, "Event.elapsed_time", "RuntimeError",
+                                              "both events must be recorded before elapsed_time()", "")])
+                return
+            w.reply(tag, (evs[1].t - evs[0].t) * 1000.0)
+        else:
+            w.reply(tag, None)
+
+    if all(ev is None or ev.flag.is_set() for ev in evs):
+        waiter()
+    else:
+        threading.Thread(target=waiter, name="procgroup-event-sync", daemon=True).start()
+
+
+def _m_bye(w: Worker, tag: int) -> bool:
+    for st in w.streams.values():
+        st.q.put(None)
+    deadline = time.monotonic() + 5.0
+    for st in w.streams.values():
+        st.thread.join(max(0.0, deadline - time.monotonic()))
+    try:
+        w.reply(tag, None)
+    except Exception:  # noqa: BLE001 - the master may already be gone
+        pass
+    return False
+
+
+_MAIN: dict[str, Callable[..., Any]] = {
+    "free": _m_free, "group": _m_group, "sync": _m_sync, "mem": _m_mem, "squery": _m_squery,
+    "equery": _m_equery, "esync": _m_esync, "bye": _m_bye,
+}
+
+
+def hello(node: int) -> dict[str, Any]:
+    """What the master learns about this worker at init."""
+    info: dict[str, Any] = {"node": node, "host": socket.gethostname(), "pid": os.getpid(), "gpus": 0,
+                            "cupy": None, "cupy_error": None}
+    try:
+        import cupy  # noqa: PLC0415
+
+        info["cupy"] = cupy.__version__
+        info["gpus"] = int(cupy.cuda.runtime.getDeviceCount())
+    except ImportError as exc:
+        info["cupy_error"] = f"cupy is not installed ({exc})"
+    except Exception as exc:  # noqa: BLE001 - no driver, no device
+        info["cupy_error"] = f"{type(exc).__name__}: {exc}"
+    return info
+
+
+def serve_forever(node: int, rank: int, timeout: float, workers_group: Any) -> int:
+    """The worker's life after init: say hello, serve, return the exit status."""
+    w = Worker(node, rank, timeout, workers_group)
+    P.send_payload(w.channel, w.buf(), 0, P.HELLO_TAG, P.K_OK, P.dumps(hello(node)))
+    return w.serve()
+
+
+__all__ = ["Worker", "recv_into", "serve_forever"]
