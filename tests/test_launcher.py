@@ -510,3 +510,442 @@ def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
     while any(pid_alive(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(pid_alive(p) for p in ranks)
+
+
+# ---------------------------------------------------------------------------- blame (issue 18)
+
+
+def test_exit_code_while_peers_wait_in_barrier_blames_that_rank(tmp_path: Path) -> None:
+    """Rank 1 sys.exit(3)s while the others wait in a barrier: its atexit teardown lets the
+    peers fail (PeerError) before it has ended, yet the summary names rank 1, code 3, and
+    the tail of its output; the launcher exits 3."""
+    script = write(tmp_path / "job.py", """
+        import sys
+        import procgroup as pg
+        pg.init_process_group(timeout=60)
+        rank = pg.get_rank()
+        print(f"rank {rank} step 1", flush=True)
+        pg.barrier()
+        if rank == 1:
+            print("rank one leaves with 3", file=sys.stderr, flush=True)
+            sys.exit(3)
+        pg.barrier()  # never completes: rank 1 is gone
+        print("UNREACHABLE", flush=True)
+    """)
+    for _ in range(2):  # it was wrong 5 of 5 times; twice right is a real check of the order
+        res = launch("-n", "3", "--backend", "tcp", "--timeout", "100", "--grace-period", "2",
+                     str(script))
+        err = res.stderr
+        assert res.returncode == 3, err
+        assert "UNREACHABLE" not in res.stdout
+        assert re.search(r"root cause: rank 1 \(node 0, local rank 1, pid \d+\) exited with code 3\n", err), err
+        tail = err.split("last ", 1)[1]
+        assert tail.startswith("2 lines of rank 1's output:\n"), err
+        assert "procgroup-run:   | rank 1 step 1\n" in tail
+        assert "procgroup-run:   | rank one leaves with 3\n" in tail
+        others = err.split("other ranks:", 1)[1]
+        assert re.search(r"rank 0 \(.*\) .*PeerError", others) and re.search(r"rank 2 \(.*\) .*PeerError", others), err
+
+
+# ---------------------------------------------------------------------------- --backend mpi
+
+MPI_JOB = """
+    import json, os, sys
+    import numpy as np
+    import procgroup as pg
+    pg.init_process_group(timeout=60)  # backend mpi from --backend: ranks from MPI
+    rank, size = pg.get_rank(), pg.get_world_size()
+    restart = int(os.environ["PROCGROUP_RESTART_COUNT"])
+    a = np.full(4, rank + 1.0)
+    pg.all_reduce(a)
+    print("RESULT " + json.dumps({"rank": rank, "size": size, "sum": a.tolist(),
+                                   "backend": str(pg.get_backend()), "restart": restart,
+                                   "env": [os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")]}))
+    print(f"err-line {rank}", file=sys.stderr)
+    if restart == 0 and rank == 1:
+        print("rank 1 gives up with 3", flush=True)
+        sys.exit(3)
+    pg.barrier()
+    pg.destroy_process_group()
+"""
+
+
+def _mpi_available() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("procgroup_mpi") is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("the mpi backend (procgroup_mpi, mpi4py) is not installed here")
+    from procgroup._launch.mpi import find_mpiexec
+    from procgroup.errors import InvalidArgumentError
+
+    try:
+        find_mpiexec()
+    except InvalidArgumentError as err:
+        pytest.skip(f"no mpiexec: {err}")
+
+
+def test_mpi_backend_one_world_blame_and_restart(tmp_path: Path) -> None:
+    """--backend mpi starts the ranks through mpiexec: one MPI world of 3 (not 3 worlds of
+    1), with the launcher's env, prefixes, separate streams and log files; the first attempt
+    fails (rank 1 sys.exit(3) while the others wait in a barrier) and is blamed on rank 1,
+    the restart (PROCGROUP_RESTART_COUNT=1) succeeds."""
+    _mpi_available()
+    script = write(tmp_path / "job.py", MPI_JOB)
+    logs = tmp_path / "logs"
+    res = launch("-n", "3", "--backend", "mpi", "--max-restarts", "1", "--grace-period", "2",
+                 "--timeout", "100", "--log-dir", str(logs), str(script))
+    out, err = res.stdout, res.stderr
+    assert res.returncode == 0, err
+    assert re.search(r"root cause: rank 1 \(node 0, local rank 1, pid \d+\) exited with code 3\n", err), err
+    assert "procgroup-run:   | rank 1 gives up with 3" in err
+    assert "job failed (attempt 1 of 2)" in err and "restarting all local ranks (restart 1 of 1)" in err
+    results = [json.loads(m.group(2)) for m in re.finditer(r"^\[rank(\d)\]: RESULT (.*)$", out, re.MULTILINE)]
+    second = sorted((r for r in results if r["restart"] == 1), key=lambda r: r["rank"])
+    assert [r["rank"] for r in second] == [0, 1, 2], out
+    for r in second:
+        assert r["size"] == 3 and "mpi" in r["backend"].lower()
+        assert r["sum"] == [6.0] * 4
+        assert r["env"] == [str(r["rank"]), str(r["rank"]), "3"]
+        assert f"[rank{r['rank']}]: RESULT " in out
+    for rank in range(3):
+        assert f"[rank{rank}]: err-line {rank}" in err.splitlines()
+        assert f"err-line {rank}" not in out
+        assert f'"rank": {rank}' in (logs / f"rank{rank}.restart1.stdout.log").read_text()
+        assert (logs / f"rank{rank}.restart1.stderr.log").read_text() == f"err-line {rank}\n"
+
+
+def test_mpi_backend_never_makes_worlds_of_one(tmp_path: Path) -> None:
+    """No mpiexec, or one that does not start an MPI world: a clear error, never N
+    separate worlds of size 1 that "succeed"."""
+    _mpi_available()
+    script = write(tmp_path / "job.py", MPI_JOB)
+    import os
+
+    res = subprocess.run(launcher_cmd("-n", "2", "--backend", "mpi", str(script)), capture_output=True,
+                         text=True, timeout=SAFETY, check=False,
+                         env={**os.environ, "PROCGROUP_MPIEXEC": str(tmp_path / "no-such-mpiexec")})
+    assert res.returncode == 2
+    assert "procgroup-run: error: PROCGROUP_MPIEXEC=" in res.stderr and "not an executable" in res.stderr
+    # an "mpiexec" that just runs the command once, without any MPI process manager
+    fake = tmp_path / "fake-mpiexec"
+    fake.write_text('#!/bin/sh\nshift 2\nexec "$@"\n')
+    fake.chmod(0o755)
+    res = subprocess.run(launcher_cmd("-n", "2", "--backend", "mpi", "--grace-period", "1", str(script)),
+                         capture_output=True, text=True, timeout=SAFETY, check=False,
+                         env={**os.environ, "PROCGROUP_MPIEXEC": str(fake)})
+    assert res.returncode != 0, res.stderr
+    assert "RESULT" not in res.stdout
+    assert "was not started by an MPI launcher" in res.stderr, res.stderr
+    res = launch("--nnodes", "2", "--node-rank", "0", "--master-port", "29999", "--backend", "mpi", str(script))
+    assert res.returncode == 2 and "start the job with mpiexec itself" in res.stderr
+
+
+def test_mpi_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    _mpi_available()
+    script = write(tmp_path / "rank.py", WAITING_RANK)
+    proc = subprocess.Popen(launcher_cmd("-n", "2", "--backend", "mpi", str(script), str(tmp_path)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_files([tmp_path / "pid0", tmp_path / "pid1"], proc)  # type: ignore[arg-type]
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ranks = pids(tmp_path, 2)
+    deadline = time.monotonic() + 60  # a bound on waiting, not a timing assertion
+    while any(pid_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in ranks)
+
+
+# ---------------------------------------------------------------------------- torchrun habits
+
+
+ENV_SCRIPT = """
+    import json, os, sys
+    keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+            "ROLE_NAME", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "PROCGROUP_RESTART_COUNT",
+            "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+            "TORCHELASTIC_ERROR_FILE", "PROCGROUP_ERROR_FILE"]
+    env = {k: os.environ.get(k) for k in keys}
+    print("ENV " + json.dumps(env))
+    print(f"out {env['LOCAL_RANK']}")
+    print(f"err {env['LOCAL_RANK']}", file=sys.stderr)
+    if env["RANK"] == "0" and env["TORCHELASTIC_RESTART_COUNT"] == "0":
+        sys.exit(5)
+"""
+
+
+def test_torchrun_spellings_standalone_restarts_and_filter(tmp_path: Path) -> None:
+    """A torchrun command line: underscore spellings, --standalone (its --master_port is
+    ignored), --nproc_per_node cpu, --max_restarts with TORCHELASTIC_RESTART_COUNT in the
+    restarted ranks, --rdzv_id/--role, --local_ranks_filter (console only), --log_dir."""
+    import os
+
+    from procgroup._launch.options import parse_nproc
+
+    script = write(tmp_path / "env.py", ENV_SCRIPT)
+    logs = tmp_path / "logs"
+    res = launch("--standalone", "--nnodes=1", "--nproc_per_node", "cpu", "--master_port", "1",
+                 "--max_restarts=1", "--rdzv_id", "job-42", "--role", "trainer",
+                 "--rdzv_backend", "c10d", "--monitor_interval", "0.02", "--start_method", "fork",
+                 "--local_ranks_filter", "0", "--log_dir", str(logs), "--grace_period", "1",
+                 "--run_path", str(script.relative_to(tmp_path)), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    n = os.cpu_count() or 1
+    assert parse_nproc("cpu") == n
+    envs = [json.loads(line.split("ENV ", 1)[1]) for line in res.stdout.splitlines() if "ENV " in line]
+    assert {e["LOCAL_RANK"] for e in envs} == {"0"}  # the filter: only local rank 0 on the console
+    final = [e for e in envs if e["TORCHELASTIC_RESTART_COUNT"] == "1"]
+    assert len(final) == 1
+    e = final[0]
+    assert e["PROCGROUP_RESTART_COUNT"] == "1" and e["TORCHELASTIC_MAX_RESTARTS"] == "1"
+    assert e["TORCHELASTIC_RUN_ID"] == "job-42" and e["ROLE_NAME"] == "trainer" and e["ROLE_RANK"] == "0"
+    assert e["WORLD_SIZE"] == str(n) and e["GROUP_WORLD_SIZE"] == "1" and e["GROUP_RANK"] == "0"
+    assert e["MASTER_ADDR"] == "127.0.0.1" and e["MASTER_PORT"] != "1"  # --standalone: a free port
+    assert e["TORCHELASTIC_ERROR_FILE"] == e["PROCGROUP_ERROR_FILE"] == str(logs / "rank0.restart1.error.json")
+    assert "exited with code 5" in res.stderr and "restarting all local ranks (restart 1 of 1)" in res.stderr
+    if n > 1:  # the other ranks ran, into their files only
+        assert "out 1" not in res.stdout and "err 1" not in res.stderr
+        assert (logs / "rank1.restart1.stdout.log").read_text().endswith("out 1\n")
+        assert (logs / "rank1.restart1.stderr.log").read_text() == "err 1\n"
+
+
+def test_redirects_and_tee(tmp_path: Path) -> None:
+    """--redirects: those streams only into the log files; --tee: console and files; no
+    --log-dir: the launcher names the directory it made (as torchrun does)."""
+    script = write(tmp_path / "env.py", """
+        import os, sys
+        r = os.environ["LOCAL_RANK"]
+        print(f"out {r}")
+        print(f"err {r}", file=sys.stderr)
+    """)
+    res = launch("-n", "3", "-r", "0:3,1:2", "--tee", "2:1", str(script))
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"procgroup-run: log files in (\S+) \(no --log-dir given\)", res.stderr)
+    assert m, res.stderr
+    d = Path(m.group(1))
+    try:
+        out, err = res.stdout.splitlines(), res.stderr.splitlines()
+        assert "[rank0]: out 0" not in out and "[rank0]: err 0" not in err  # 0:3 both redirected
+        assert (d / "rank0.stdout.log").read_text() == "out 0\n" and (d / "rank0.stderr.log").read_text() == "err 0\n"
+        assert "[rank1]: out 1" in out and "[rank1]: err 1" not in err  # 1:2 stderr redirected
+        assert (d / "rank1.stderr.log").read_text() == "err 1\n" and not (d / "rank1.stdout.log").exists()
+        assert "[rank2]: out 2" in out and "[rank2]: err 2" in err  # 2:1 stdout teed
+        assert (d / "rank2.stdout.log").read_text() == "out 2\n" and not (d / "rank2.stderr.log").exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_no_python_run_path_and_non_python_targets(tmp_path: Path) -> None:
+    sh = tmp_path / "job.sh"
+    sh.write_text('#!/bin/sh\necho "sh rank $RANK of $WORLD_SIZE args $*"\n')
+    sh.chmod(0o755)
+    res = launch("--no_python", "-n", "2", str(sh), "a", "-n", "7")
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["[rank0]: sh rank 0 of 2 args a -n 7",
+                                               "[rank1]: sh rank 1 of 2 args a -n 7"]
+    # a program found on PATH, like torchrun --no-python (which runs it as it is)
+    res = launch("--no-python", "-n", "1", "echo", "hi")
+    assert res.returncode == 0 and res.stdout == "[rank0]: hi\n", res.stderr
+    res = launch("--no-python", "-n", "1", "no-such-program-xyz")
+    assert res.returncode == 127
+    assert "cannot execute 'no-such-program-xyz'" in res.stderr and "root cause: rank 0" in res.stderr
+    # not Python, no --no-python: a clear error before anything starts (was: null bytes)
+    for target, what in ((str(sh), "a script for /bin/sh"), ("/bin/true", "an ELF executable")):
+        res = launch("-n", "2", target)
+        assert res.returncode == 2
+        assert f"procgroup-run: error: {target!r} is not a Python script ({what}); to run a program, add --no-python" in res.stderr
+    # --run-path wins over --no-python: the Python script runs under the bootstrap
+    py = write(tmp_path / "tool", "#!/usr/bin/env python3\nimport os\nprint('py', os.environ['RANK'], __name__)\n")
+    res = launch("--run-path", "--no-python", "-n", "1", str(py))
+    assert res.returncode == 0 and res.stdout == "[rank0]: py 0 __main__\n", res.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--nnodes", "1:4", "x.py"], "--nnodes 1:4: elastic ranges are not supported"),
+        (["-n", "many", "x.py"], "--nproc-per-node must be a number or auto, cpu, gpu; got 'many'"),
+        (["--redirects", "5", "x.py"], "--redirects must be 0 (none), 1 (stdout), 2 (stderr), 3 (both)"),
+        (["-n", "2", "--tee", "3:1", "x.py"], "--tee names local rank(s) [3], outside [0, 1]"),
+        (["-n", "2", "--local-ranks-filter", "0,x", "x.py"], "--local-ranks-filter must be comma-separated"),
+        (["--rdzv-endpoint", "h:1", "--master-addr", "h", "x.py"], "give either --rdzv-endpoint or --master-addr"),
+        (["--standalone", "--nnodes", "2", "x.py"], "--standalone is for one node"),
+        (["-m", "--no-python", "x"], "-m and --no-python exclude each other"),
+    ],
+)
+def test_bad_torchrun_arguments(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "x.py").write_text("raise SystemExit('must not run')\n")
+    res = launch(*args, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert f"procgroup-run: error: {message}" in res.stderr
+    assert "must not run" not in res.stderr
+
+
+def test_nproc_per_node_gpu_and_auto() -> None:
+    from procgroup._launch.options import gpu_count, parse_nproc
+    from procgroup.errors import InvalidArgumentError
+
+    gpus = gpu_count()
+    assert parse_nproc("auto") == (gpus or __import__("os").cpu_count())
+    if gpus:
+        assert parse_nproc("gpu") == gpus
+    else:
+        with pytest.raises(InvalidArgumentError, match="--nproc-per-node gpu: no CUDA device"):
+            parse_nproc("gpu")
+
+
+# ---------------------------------------------------------------------------- logging
+
+
+def test_log_level_rank_prefix_and_unlaunched_error(tmp_path: Path) -> None:
+    """PROCGROUP_LOG_LEVEL sets procgroup's loggers; lines say their rank ("[rank 1] ...")
+    unless procgroup-run's own prefix does; a bad level is refused; a program started
+    without a launcher is told the procgroup-run command that would start it."""
+    import os
+
+    script = write(tmp_path / "logjob.py", """
+        import logging
+        import procgroup as pg
+        pg.init_process_group(timeout=60)
+        logging.getLogger("procgroup.user").info("info from the job")
+        logging.getLogger("procgroup.user").debug("debug from the job")
+        pg.destroy_process_group()
+    """)
+    base = {k: v for k, v in os.environ.items() if k != "PROCGROUP_LOG_LEVEL"}
+
+    def run(*args: str, level: str | None) -> subprocess.CompletedProcess[str]:
+        env = dict(base, **({"PROCGROUP_LOG_LEVEL": level} if level else {}))
+        return subprocess.run(launcher_cmd(*args, str(script)), capture_output=True, text=True,
+                              timeout=SAFETY, env=env, check=False)
+
+    res = run("-n", "2", "--backend", "tcp", "--no-prefix", level="info")
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.splitlines()
+    for rank in (0, 1):
+        assert f"[rank {rank}] INFO procgroup.user: info from the job" in lines
+        assert f"[rank {rank}] INFO procgroup._lifecycle: rank {rank} of 2 joined the tcp process group" in lines
+    assert "debug from the job" not in res.stderr
+    res = run("-n", "2", "--backend", "tcp", level="DEBUG")  # launcher prefix: no second one
+    assert res.returncode == 0, res.stderr
+    assert "[rank1]: DEBUG procgroup.user: debug from the job" in res.stderr.splitlines()
+    assert "[rank 1]" not in res.stderr
+    assert "procgroup-run: INFO: procgroup._launch.supervisor: node 0/1: starting 2 ranks" in res.stderr
+    res = run("-n", "2", level="chatty")
+    assert res.returncode == 2
+    assert "procgroup-run: error: PROCGROUP_LOG_LEVEL='chatty': use one of DEBUG, INFO" in res.stderr
+    res = run("-n", "1", level=None)
+    assert res.returncode == 0 and "info from the job" not in res.stderr  # default: WARNING
+
+    # no launcher: the env:// error names the command
+    env = {k: v for k, v in base.items() if k not in (
+        "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+        "PMIX_RANK", "SLURM_PROCID", "PROCGROUP_BACKEND")}
+    res = subprocess.run([sys.executable, "logjob.py", "--lr", "0.1"], capture_output=True, text=True,
+                         timeout=SAFETY, env=env, cwd=tmp_path, check=False)
+    assert res.returncode == 1
+    assert "env://: RANK is not set, so this process was not started by a launcher. Start the " \
+           "program with `procgroup-run --nproc-per-node 4 logjob.py --lr 0.1`, or set RANK, " \
+           "WORLD_SIZE, MASTER_ADDR and MASTER_PORT" in res.stderr, res.stderr
+
+
+# ---------------------------------------------------------------------------- multi-host
+
+
+class TwoHosts:
+    """Two network namespaces ("hosts") on one bridge in a third: 10.79.0.1 and 10.79.0.2."""
+
+    def __init__(self) -> None:
+        import os
+
+        tag = f"pgl{os.getpid() % 100000}"
+        self.switch, self.hosts = f"{tag}sw", [f"{tag}h0", f"{tag}h1"]
+        self.created: list[str] = []
+
+    @staticmethod
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+
+    def create(self) -> None:
+        for ns in (self.switch, *self.hosts):
+            self.ip("netns", "add", ns)
+            self.created.append(ns)
+            self.ip("-n", ns, "link", "set", "lo", "up")
+        self.ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        self.ip("-n", self.switch, "link", "set", "br0", "up")
+        for i, ns in enumerate(self.hosts):
+            self.ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}",
+                    "netns", self.switch)
+            self.ip("-n", self.switch, "link", "set", f"p{i}", "master", "br0", "up")
+            self.ip("-n", ns, "addr", "add", f"10.79.0.{i + 1}/24", "dev", "eth0")
+            self.ip("-n", ns, "link", "set", "eth0", "up")
+
+    def delete(self) -> None:
+        for ns in reversed(self.created):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
+        self.created.clear()
+
+
+def test_two_hosts_with_rdzv_endpoint(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """torchrun's multi-node spelling across two network namespaces: --nnodes 2 --node_rank i
+    --rdzv_endpoint HOST:PORT, one launcher per "host", one tcp world of 4."""
+    import os
+    import shutil
+
+    if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("netns: network namespaces need Linux, root and the `ip` tool (iproute2)")
+    net = TwoHosts()
+    request.addfinalizer(net.delete)
+    try:
+        net.create()
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"netns: cannot create network namespaces here: {exc.stderr.strip()}")
+    script = write(tmp_path / "job.py", """
+        import json, os
+        import numpy as np
+        import procgroup as pg
+        pg.init_process_group(timeout=90)
+        a = np.full(3, pg.get_rank() + 1.0)
+        pg.all_reduce(a)
+        hosts = [None] * pg.get_world_size()
+        pg.all_gather_object(hosts, os.environ["PGTEST_HOST"])
+        print("RESULT " + json.dumps({"rank": pg.get_rank(), "size": pg.get_world_size(),
+                                      "sum": a.tolist(), "hosts": hosts,
+                                      "group": os.environ["GROUP_RANK"]}), flush=True)
+        pg.destroy_process_group()
+    """)
+    env = dict(os.environ, PROCGROUP_JOB_TOKEN="two-hosts-test-token")
+    procs = [
+        subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "procgroup.run", "--nnodes", "2",
+             "--node_rank", str(i), "--nproc_per_node", "2", "--rdzv_endpoint", "10.79.0.1:29411",
+             "--rdzv_backend", "c10d", "--backend", "tcp", "--timeout", "150", str(script)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(env, PGTEST_HOST=f"h{i}"),
+        )
+        for i, ns in enumerate(net.hosts)
+    ]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=200))
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate(timeout=30)
+    report = "".join(f"--- host {i}: exit {p.returncode}\n{o}\n{e}\n" for i, (p, (o, e)) in enumerate(zip(procs, outs)))
+    assert all(p.returncode == 0 for p in procs), report
+    results = {}
+    for out, _ in outs:
+        for line in out.splitlines():
+            if "RESULT " in line:
+                r = json.loads(line.split("RESULT ", 1)[1])
+                results[r["rank"]] = r
+    assert sorted(results) == [0, 1, 2, 3], report
+    for rank, r in results.items():
+        assert r["size"] == 4 and r["sum"] == [10.0] * 3
+        assert r["hosts"] == ["h0", "h0", "h1", "h1"] and r["group"] == str(rank // 2)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from .errors import InvalidArgumentError
 
@@ -29,7 +29,7 @@ ENV_PREFIXED = "PROCGROUP_OUTPUT_PREFIXED"  # set by procgroup-run when it prefi
 ROOT_LOGGER = "procgroup"
 _NAMES = ("CRITICAL", "FATAL", "ERROR", "WARNING", "WARN", "INFO", "DEBUG", "NOTSET")
 
-RankGetter = Callable[[], Optional[int]]
+RankGetter = Callable[[], int | None]
 _rank_getter: RankGetter | None = None
 _handler: logging.Handler | None = None
 

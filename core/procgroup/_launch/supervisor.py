@@ -435,7 +435,7 @@ class Supervisor:
             times.append(float(st["time"]))
         if not r.stopped:
             times.append(r.detected)
-        consequence = int(bool(rec) and rec.get("exc_type") == "PeerError")
+        consequence = int(rec is not None and rec.get("exc_type") == "PeerError")
         return (consequence, min(times) if times else math.inf, r.rank)
 
     def _root_cause(self) -> _Rank | None:
@@ -578,4 +578,4 @@ class Supervisor:
 
 def _fifo_opener(path: str) -> Any:
     """Open a rank's named pipe for reading (blocks until the rank opens its end)."""
-    return lambda: open(path, "rb")  # noqa: SIM115  (closed by the pump)
+    return lambda: open(path, "rb")
