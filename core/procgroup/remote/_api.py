@@ -231,6 +231,24 @@ def run(fn: Any, *args: Any, node: int | None = None, **kwargs: Any) -> RemoteAr
     return RemoteValue(m, link.node, id_)
 
 
+def run_async(fn: Any, *args: Any, node: int | None = None, **kwargs: Any) -> RemoteValue:
+    """Like run() but returns at once: a RemoteValue whose .get() waits for fn and returns
+    its result (an array result is copied to the master). fn runs on the node's current
+    stream, in order with the other operations of that stream."""
+    if not callable(fn):
+        raise TypeError(f"remote.run_async: fn must be callable, got {type(fn).__name__}")
+    fn_bytes = pickled_function(fn)
+    operands = [x for x in list(args) + list(kwargs.values()) if isinstance(x, RemoteArray)]
+    m, link, device = _placement(operands, "remote.run_async", node)
+    if node is not None and operands and m.link(node).node != operands[0].node:
+        raise InvalidArgumentError(f"remote.run_async: node={node} but the RemoteArray arguments are on node "
+                                   f"{operands[0].node}; move them with .to({node}) first")
+    id_ = next(m.ids)
+    fargs, fkwargs = _conv(args, link.node, device), _conv(kwargs, link.node, device)
+    link.issue(("run", m.stream_id(link.node), ((id_, None, None),), (), False, (fn_bytes, fargs, fkwargs, None)))
+    return RemoteValue(m, link.node, id_)
+
+
 def synchronize(node: int | None = None) -> None:
     """Wait until every stream of ``node`` (default: the current node) ran what was issued;
     raise RemoteError for failures not reported yet."""
@@ -432,6 +450,6 @@ class Event:
 __all__ = [
     "Event", "RemoteArray", "RemoteValue", "Stream", "all_reduce", "arange", "broadcast", "current_node",
     "current_stream", "default_stream", "empty", "empty_like", "full", "full_like", "init_master_worker",
-    "memory_info", "node", "num_nodes", "ones", "ones_like", "run", "send", "set_node", "synchronize", "zeros",
+    "memory_info", "node", "num_nodes", "ones", "ones_like", "run", "run_async", "send", "set_node", "synchronize", "zeros",
     "zeros_like",
 ]

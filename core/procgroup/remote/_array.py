@@ -95,11 +95,10 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         """Copy the data to the master (waits for the ops it depends on)."""
         m = self._master
         link = m.link(self._node)
-        out = np.empty(self.shape, self.dtype)
         sid = m.stream_id(self._node)
         small = self.nbytes <= SMALL_BYTES
-        link.get_into(lambda tag: ("get", sid, (), (), small, (Ref(self._id), tag)), out, "get")
-        return out
+        return link.get_array(lambda tag: ("get", sid, (), (), small, (Ref(self._id), tag)), self.shape, self.dtype,
+                              "get")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self.get()

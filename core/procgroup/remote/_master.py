@@ -29,7 +29,7 @@ from ..errors import (
 )
 from . import _protocol as P
 from ._protocol import ErrorInfo, Ref
-from ._worker import recv_into
+from ._worker import recv_array
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +75,20 @@ class NodeLink:
         if n == 1:
             self.master.wake.set()
 
+    def issue_now(self, cmd: tuple[Any, ...]) -> None:
+        """Issue and send at once (the caller waits for an answer next)."""
+        with self.lock:
+            self._drain_frees()  # frees of arrays dropped so far come before the request
+            self.pending.append(cmd)
+            self._flush_locked()
+
     def flush(self) -> None:
         with self.lock:
             self._flush_locked()
 
-    def _flush_locked(self) -> None:
-        if self.failure is not None:
-            raise ProcGroupError(f"node {self.node} (rank {self.rank}) cannot be reached: {self.failure}") \
-                from self.failure
+    def _drain_frees(self) -> None:
+        """Queue a free of the arrays garbage-collected so far (after the pending commands,
+        which were issued while those arrays were alive)."""
         frees = self.frees
         if frees:
             ids = []
@@ -92,6 +98,12 @@ class NodeLink:
             except IndexError:
                 pass
             self.pending.append(("free", tuple(ids)))
+
+    def _flush_locked(self) -> None:
+        if self.failure is not None:
+            raise ProcGroupError(f"node {self.node} (rank {self.rank}) cannot be reached: {self.failure}") \
+                from self.failure
+        self._drain_frees()
         if not self.pending:
             return
         batch, self.pending = self.pending, []
@@ -105,8 +117,7 @@ class NodeLink:
     def request(self, build: Callable[[int], tuple[Any, ...]], what: str) -> Any:
         """Issue the command ``build(tag)`` and return the worker's pickled answer."""
         tag = P.reply_tag(next(self.master.tags))
-        self.issue(build(tag))
-        self.flush()
+        self.issue_now(build(tag))
         return self.wait_value(tag, what)
 
     def wait_value(self, tag: int, what: str, timeout: float | None = None) -> Any:
@@ -127,17 +138,20 @@ class NodeLink:
             raise remote_error([ErrorInfo(*t) for t in value])
         return value
 
-    def get_into(self, build: Callable[[int], tuple[Any, ...]], out: np.ndarray, what: str) -> None:
+    def get_array(self, build: Callable[[int], tuple[Any, ...]], shape: tuple[int, ...], dtype: np.dtype,
+                  what: str) -> np.ndarray:
+        """Issue ``build(tag)`` and receive the array it sends back (allocated only once
+        the worker said the data is coming, so a failed array costs no allocation here)."""
         tag = P.reply_tag(next(self.master.tags))
-        self.issue(build(tag))
-        self.flush()
+        self.issue_now(build(tag))
         try:
-            errors = recv_into(self.master.channel, self.master.scratch(), self.rank, tag, P.byte_view(out))
+            got = recv_array(self.master.channel, self.master.scratch(), self.rank, tag, shape, dtype)
         except CommTimeoutError as exc:
             raise CommTimeoutError(f"{what}: node {self.node} (rank {self.rank}) did not answer: {exc}",
                                    op=what, ranks=[self.rank]) from None
-        if errors is not None:
-            raise remote_error(errors)
+        if isinstance(got, list):
+            raise remote_error(got)
+        return got
 
     def check_device(self, device: int) -> None:
         if device < 0:

@@ -110,8 +110,46 @@ def _dtypes(res: Any) -> tuple[np.dtype, ...]:
     return (np.asarray(res).dtype,)
 
 
+_CACHE: dict[Any, Any] = {}
+_CACHE_MAX = 4096
+
+
+def _sig(x: Any) -> Any:
+    """What decides a ufunc's result for operand x: shape and dtype (arrays), the value
+    for Python ints (NumPy 2 refuses out-of-range ints), the type for other scalars."""
+    if isinstance(x, AbstractArray):
+        return (x.shape, x.dtype)
+    if isinstance(x, int):
+        return (type(x), x)
+    if isinstance(x, (float, complex, np.generic)):
+        return type(x)
+    return None
+
+
 def ufunc_call(ufunc: np.ufunc, inputs: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], tuple[np.dtype, ...]]:
-    """(shape, output dtypes) of ``ufunc(*inputs, **kwargs)`` (``out`` a tuple or absent)."""
+    """(shape, output dtypes) of ``ufunc(*inputs, **kwargs)``, cached for plain operands."""
+    key: Any = None
+    if len(kwargs) <= 1:
+        sigs = tuple(_sig(x) for x in inputs)
+        if None not in sigs:
+            outs = kwargs.get("out")
+            if not kwargs:
+                key = (ufunc, sigs)
+            elif outs is not None and all(isinstance(o, AbstractArray) for o in outs):
+                key = (ufunc, sigs, tuple((o.shape, o.dtype) for o in outs))
+    if key is not None:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            return hit
+    result = _ufunc_call(ufunc, inputs, kwargs)
+    if key is not None:
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.clear()
+        _CACHE[key] = result
+    return result
+
+
+def _ufunc_call(ufunc: np.ufunc, inputs: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], tuple[np.dtype, ...]]:
     if ufunc.signature is not None:
         if ufunc is np.matmul:
             return matmul(inputs[0], inputs[1], kwargs)

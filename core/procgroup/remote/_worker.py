@@ -170,9 +170,7 @@ class Worker:
         P.send_payload(self.channel, self.buf(), dst, tag, P.K_OK, P.byte_view(host))
 
     def recv_array(self, src: int, tag: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | list[ErrorInfo]:
-        out = np.empty(shape, dtype)
-        err = recv_into(self.channel, self.buf(), src, tag, P.byte_view(out))
-        return out if err is None else err
+        return recv_array(self.channel, self.buf(), src, tag, shape, dtype)
 
     def stream(self, sid: int) -> StreamThread:
         st = self.streams.get(sid)
@@ -315,8 +313,10 @@ class Worker:
         return 1
 
 
-def recv_into(channel: Any, buf: np.ndarray, src: int, tag: int, target: np.ndarray) -> list[ErrorInfo] | None:
-    """Receive a data frame into ``target`` (a uint8 view); the sender's errors instead, if any."""
+def recv_array(channel: Any, buf: np.ndarray, src: int, tag: int, shape: tuple[int, ...],
+               dtype: np.dtype) -> np.ndarray | list[ErrorInfo]:
+    """Receive an array sent with send_payload (allocated once the header said data is
+    coming), or the sender's errors instead."""
     channel.recv(buf, src, tag)
     kind, n = P.HEADER.unpack_from(buf, 0)
     if kind == P.K_ERR:
@@ -326,13 +326,15 @@ def recv_into(channel: Any, buf: np.ndarray, src: int, tag: int, target: np.ndar
             channel.recv(rest, src, tag)
             payload += rest.tobytes()
         return [ErrorInfo(*t) for t in pickle.loads(payload)]
+    out = np.empty(shape, dtype)
+    target = P.byte_view(out)
     if n != target.nbytes:
         raise ProcGroupError(f"master-worker protocol: expected {target.nbytes} bytes from rank {src}, got {n}")
     head = min(n, P.INLINE)
     target[:head] = buf[P.HEADER.size:P.HEADER.size + head]
     if n > P.INLINE:
         channel.recv(target[P.INLINE:], src, tag)
-    return None
+    return out
 
 
 def _op_name(job: Job) -> str:
@@ -486,9 +488,12 @@ def _h_run(w: Worker, j: Job) -> None:
     except BaseException as exc:  # noqa: BLE001
         info = w.record_error(j, exc, _op_name(j))
         j.outs[0].error = info
-        w.reply_error(tag, [info])
+        if tag is not None:
+            w.reply_error(tag, [info])
         return
     j.outs[0].value = res
+    if tag is None:  # run_async: the master asks for the value later
+        return
     if isinstance(res, np.ndarray):
         meta: tuple[Any, ...] = ("array", res.shape, res.dtype.str, -1)
     elif type(res).__module__.startswith("cupy") and hasattr(res, "device"):
@@ -727,4 +732,4 @@ def serve_forever(node: int, rank: int, timeout: float, workers_group: Any) -> i
     return w.serve()
 
 
-__all__ = ["Worker", "recv_into", "serve_forever"]
+__all__ = ["Worker", "recv_array", "serve_forever"]
