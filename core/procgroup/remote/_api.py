@@ -55,7 +55,14 @@ def init_master_worker(backend: str | None = None, init_method: str | None = Non
 
 
 def _end_worker(code: int) -> None:
-    """A worker's end: leave the group, flush, and exit without running the script on."""
+    """A worker's end: leave the group, flush, and exit without running the script on.
+
+    The process ends with os._exit, so no code after init_master_worker runs. Under
+    mpiexec the process must end through the interpreter's own shutdown (mpi4py
+    finalizes MPI there; a process that finalized and then called os._exit was killed
+    by Hydra with the whole job about one time in ten), so there it raises SystemExit:
+    ``finally`` blocks around the call then run on the workers too.
+    """
     try:
         _lifecycle.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the exit status is decided already
@@ -65,6 +72,14 @@ def _end_worker(code: int) -> None:
             stream.flush()
         except Exception:  # noqa: BLE001
             pass
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None:
+        try:
+            running = mpi.Is_initialized() and not mpi.Is_finalized()
+        except Exception:  # noqa: BLE001
+            running = False
+        if running:
+            raise SystemExit(code)
     os._exit(code)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import _lifecycle
+from .. import _lifecycle, _ops
 from ..errors import (
     BackendUnavailableError,
     CommTimeoutError,
@@ -246,11 +246,18 @@ class Master:
                 tags.append((link, tag))
             except Exception as exc:  # noqa: BLE001 - a dead node cannot be told
                 log.warning("procgroup master-worker: could not tell node %d to end: %s", link.node, exc)
+        confirmed = 0
         for link, tag in tags:
             try:
                 link.wait_value(tag, "destroy_process_group", timeout=min(self.timeout, 30.0))
+                confirmed += 1
             except Exception as exc:  # noqa: BLE001
                 log.warning("procgroup master-worker: node %d did not confirm its end: %s", link.node, exc)
+        if confirmed == len(self.links):
+            try:
+                _ops.barrier()  # the workers' last call too: everyone closes together
+            except Exception as exc:  # noqa: BLE001
+                log.warning("procgroup master-worker: the final barrier failed: %s", exc)
 
 
 MASTER: Master | None = None

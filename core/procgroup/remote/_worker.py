@@ -698,6 +698,9 @@ def _m_bye(w: Worker, tag: int) -> bool:
         st.thread.join(max(0.0, deadline - time.monotonic()))
     try:
         w.reply(tag, None)
+        # every rank leaves together, as after any program's last barrier: some transports
+        # (MPI) free their communicators collectively
+        _ops.barrier()
     except Exception:  # noqa: BLE001 - the master may already be gone
         pass
     return False
