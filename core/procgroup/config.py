@@ -1,18 +1,22 @@
 """pydantic models for the user-facing settings of init_process_group, and env parsing.
 
 Validation errors become :class:`~procgroup.errors.InvalidArgumentError` whose message
-names the value, what was expected and where it came from (argument or variable).
+names the value, what was expected (in procgroup's words, never pydantic's) and where it
+came from (argument or variable). pydantic is imported on first use, not with
+``import procgroup`` (it is about half of the import time otherwise).
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from ._settings import timeout_seconds
+from ._settings import plain_problem, timeout_seconds
 from .errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 #: Default for every blocking call; PROCGROUP_TIMEOUT (seconds) overrides it.
 DEFAULT_TIMEOUT_S = 300.0
@@ -22,24 +26,48 @@ ENV_BACKEND = "PROCGROUP_BACKEND"
 ENV_TIMEOUT = "PROCGROUP_TIMEOUT"
 
 
-class InitSettings(BaseModel):
-    """The arguments of init_process_group, after defaults from the environment."""
+@functools.lru_cache(maxsize=None)
+def _model() -> type[BaseModel]:
+    """The InitSettings model, built (and pydantic imported) on first use."""
+    from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    class InitSettings(BaseModel):
+        """The arguments of init_process_group, after defaults from the environment."""
 
-    backend: str = Field(min_length=1)
-    init_method: str | None = None
-    world_size: int = Field(ge=-1)
-    rank: int = Field(ge=-1)
-    group_name: str = ""
-    timeout: float = Field(gt=0)
+        model_config = ConfigDict(frozen=True, extra="forbid")
 
-    @field_validator("world_size")
-    @classmethod
-    def _nonzero(cls, v: int) -> int:
-        if v == 0:
-            raise ValueError("must be positive, or -1 to take it from the init method")
-        return v
+        backend: str = Field(min_length=1)
+        init_method: str | None = None
+        world_size: int = Field(ge=-1)
+        rank: int = Field(ge=-1)
+        group_name: str = ""
+        timeout: float = Field(gt=0)
+
+        @field_validator("world_size")
+        @classmethod
+        def _nonzero(cls, v: int) -> int:
+            if v == 0:
+                raise ValueError("must be positive, or -1 to take it from the init method")
+            return v
+
+    InitSettings.__module__ = __name__
+    return InitSettings
+
+
+def __getattr__(name: str) -> Any:
+    if name == "InitSettings":
+        return _model()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    class InitSettings(BaseModel):  # what _model() returns, for type checkers
+        backend: str
+        init_method: str | None
+        world_size: int
+        rank: int
+        group_name: str
+        timeout: float
 
 
 def _describe(errors: list[dict[str, Any]], sources: Mapping[str, str]) -> str:
@@ -47,7 +75,7 @@ def _describe(errors: list[dict[str, Any]], sources: Mapping[str, str]) -> str:
     for err in errors:
         field = str(err["loc"][0]) if err["loc"] else "?"
         where = sources.get(field, f"argument {field}")
-        parts.append(f"{where}={err.get('input')!r}: {err['msg']}")
+        parts.append(f"{where}={err.get('input')!r}: {plain_problem(err)}")
     return "; ".join(parts)
 
 
@@ -73,8 +101,10 @@ def init_settings(
             timeout = DEFAULT_TIMEOUT_S
     else:
         timeout = timeout_seconds(timeout)
+    from pydantic import ValidationError
+
     try:
-        return InitSettings(
+        return _model()(
             backend=backend.lower() if isinstance(backend, str) else backend,
             init_method=init_method,
             world_size=world_size,
@@ -84,7 +114,7 @@ def init_settings(
         )
     except ValidationError as exc:
         raise InvalidArgumentError(
-            "init_process_group: " + _describe(exc.errors(), sources)
+            "init_process_group: " + _describe(exc.errors(), sources)  # type: ignore[arg-type]
         ) from None
 
 

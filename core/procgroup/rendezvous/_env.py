@@ -19,16 +19,12 @@ SLURM_LAUNCH_NODE_IPADDR. MASTER_PORT has no default.
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Annotated, Mapping
+from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
+from procgroup._settings import plain_problem
 from procgroup.errors import InvalidArgumentError
-
-Rank = Annotated[int, Field(ge=0)]
-Size = Annotated[int, Field(ge=1)]
-Port = Annotated[int, Field(ge=1, le=65535)]
 
 #: (rank variable, size variable or None), in order of precedence.
 RANK_SOURCES: tuple[tuple[str, str | None], ...] = (
@@ -38,48 +34,84 @@ RANK_SOURCES: tuple[tuple[str, str | None], ...] = (
     ("PMIX_RANK", None),
     ("SLURM_PROCID", "SLURM_NTASKS"),
 )
+_RANKS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+_SIZES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+_HOSTS = ("MASTER_ADDR", "SLURM_LAUNCH_NODE_IPADDR")
+FIELDS = ("MASTER_ADDR", "MASTER_PORT", *_RANKS, *_SIZES, "SLURM_JOB_NODELIST", "SLURM_LAUNCH_NODE_IPADDR")
 
 
-class RendezvousEnv(BaseModel):
-    """The variables env:// understands; unset or empty ones are None."""
+@functools.lru_cache(maxsize=None)
+def _model() -> Any:
+    """The pydantic model of the variables, built (and pydantic imported) on first use:
+    ``import procgroup`` does not pay for pydantic."""
+    from typing import Annotated, Optional
 
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=False)
+    from pydantic import ConfigDict, Field, create_model, field_validator
 
-    MASTER_ADDR: str | None = None
-    MASTER_PORT: Port | None = None
-    RANK: Rank | None = None
-    WORLD_SIZE: Size | None = None
-    OMPI_COMM_WORLD_RANK: Rank | None = None
-    OMPI_COMM_WORLD_SIZE: Size | None = None
-    PMI_RANK: Rank | None = None
-    PMI_SIZE: Size | None = None
-    PMIX_RANK: Rank | None = None
-    SLURM_PROCID: Rank | None = None
-    SLURM_NTASKS: Size | None = None
-    SLURM_JOB_NODELIST: str | None = None
-    SLURM_LAUNCH_NODE_IPADDR: str | None = None
+    rank = Annotated[Optional[int], Field(ge=0)]
+    size = Annotated[Optional[int], Field(ge=1)]
+    port = Annotated[Optional[int], Field(ge=1, le=65535)]
 
-    @field_validator("MASTER_ADDR", "SLURM_LAUNCH_NODE_IPADDR")
-    @classmethod
-    def _no_spaces(cls, v: str | None) -> str | None:
+    def no_spaces(cls: Any, v: str | None) -> str | None:
         if v is not None and (not v.strip() or any(c.isspace() for c in v.strip())):
             raise ValueError("must be a host name or IP address without spaces")
         return v.strip() if v is not None else None
 
+    fields: dict[str, Any] = {"MASTER_ADDR": (Optional[str], None), "MASTER_PORT": (port, None)}
+    fields.update({k: (rank, None) for k in _RANKS})
+    fields.update({k: (size, None) for k in _SIZES})
+    fields.update({k: (Optional[str], None) for k in ("SLURM_JOB_NODELIST", "SLURM_LAUNCH_NODE_IPADDR")})
+    return create_model(  # type: ignore[call-overload]
+        "RendezvousEnvModel",
+        __config__=ConfigDict(extra="ignore", frozen=True, strict=False),
+        __validators__={"_no_spaces": field_validator(*_HOSTS)(classmethod(no_spaces))},
+        **fields,
+    )
+
+
+class RendezvousEnv:
+    """The variables env:// understands, validated; unset or empty ones are None."""
+
+    #: The variables' names (pydantic's spelling, kept for callers that list them).
+    model_fields: dict[str, None] = dict.fromkeys(FIELDS)
+
+    MASTER_ADDR: str | None = None
+    MASTER_PORT: int | None = None
+    RANK: int | None = None
+    WORLD_SIZE: int | None = None
+    OMPI_COMM_WORLD_RANK: int | None = None
+    OMPI_COMM_WORLD_SIZE: int | None = None
+    PMI_RANK: int | None = None
+    PMI_SIZE: int | None = None
+    PMIX_RANK: int | None = None
+    SLURM_PROCID: int | None = None
+    SLURM_NTASKS: int | None = None
+    SLURM_JOB_NODELIST: str | None = None
+    SLURM_LAUNCH_NODE_IPADDR: str | None = None
+
+    def __init__(self, **values: Any) -> None:
+        for k, v in values.items():
+            setattr(self, k, v)
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], scheme: str = "env://") -> "RendezvousEnv":
         """Validate the known variables of ``environ``; errors name variable and value."""
-        raw = {k: environ[k].strip() for k in cls.model_fields if environ.get(k, "").strip()}
+        raw = {k: environ[k].strip() for k in FIELDS if environ.get(k, "").strip()}
+        if not raw:
+            return cls()
+        from pydantic import ValidationError
+
         try:
-            return cls.model_validate(raw)
+            model = _model().model_validate(raw)
         except ValidationError as exc:
             problems = []
             for err in exc.errors():
                 name = str(err["loc"][0]) if err["loc"] else "?"
                 problems.append(
-                    f"environment variable {name}={raw.get(name, '')!r} is invalid: {err['msg']}"
+                    f"environment variable {name}={raw.get(name, '')!r} is invalid: {plain_problem(err)}"
                 )
             raise InvalidArgumentError(f"{scheme}: " + "; ".join(problems)) from None
+        return cls(**{k: getattr(model, k) for k in FIELDS})
 
     def rank_and_source(self) -> tuple[int | None, str]:
         """The rank and the variable it came from (None, '' when unset)."""
