@@ -111,7 +111,9 @@ class MpiWork(Work):
         """Poll until done; CommTimeoutError after ``timeout`` (None: the channel's)."""
         limit = self._channel.timeout if timeout is None else float(timeout)
         req, status = self._req, self._status
-        poll(lambda: req.Test(status), limit, on_timeout=lambda: self._timed_out(limit, timeout is None))
+        # check: a close() (destroy_process_group) or a broken channel ends the wait at once
+        poll(lambda: req.Test(status), limit, check=self._channel.check_usable,
+             on_timeout=lambda: self._timed_out(limit, timeout is None))
 
     def _fail(self, exc: BaseException) -> None:
         """The request ended with an MPI error: record it as procgroup's and raise it."""
