@@ -2,7 +2,7 @@
 
 Per size it reports the median time, algbw and busbw (nccl-tests definitions), for
 several backends and comparisons (torch.distributed gloo, raw mpi4py, raw pygloo) run
-side by side in one job, so every ratio comes from one run. ``procgroup-bench -n 2``
+side by side in one job, so every ratio comes from one run. ``procgroup-bench -np 2``
 starts its own ranks; under mpiexec or procgroup-run it is one rank of theirs. Output: a
 table on stdout, optional ``--json``, ``--csv`` and ``--plot`` (matplotlib, the
 ``procgroup[bench]`` extra). See docs/benchmarking.md.

@@ -1,8 +1,8 @@
-"""Starting the ranks: under an existing launcher, or ``-n N`` processes on this host.
+"""Starting the ranks: under an existing launcher, or ``-np N`` processes on this host.
 
 An existing launcher is recognized by its variables (RANK/WORLD_SIZE from procgroup-run
 or torchrun, PMI_* from MPICH/Hydra, OMPI_COMM_WORLD_* from Open MPI); then this process
-is one rank and nothing is spawned. Otherwise ``-n N`` ranks are started with env://
+is one rank and nothing is spawned. Otherwise ``-np N`` ranks are started with env://
 rendezvous on loopback, under ``mpiexec`` when the run needs MPI (the mpi backend or
 ``--compare raw`` with mpi4py installed), else as plain subprocesses.
 """
@@ -87,7 +87,7 @@ def spawn_job(opts: Options, argv: list[str]) -> int:
     holder = PortReservation("127.0.0.1")  # procgroup-run's: held all job, no bind race
     port = holder.port
     tmp = tempfile.mkdtemp(prefix="procgroup-bench-")
-    how = f"procgroup-bench -n {opts.nprocs} ({'mpiexec' if use_mpi else 'subprocesses'}, env:// on loopback)"
+    how = f"procgroup-bench -np {opts.nprocs} ({'mpiexec' if use_mpi else 'subprocesses'}, env:// on loopback)"
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                **{SHARED_DIR_ENV: opts.shared_dir or tmp, LAUNCHER_ENV: how})
     cmd = [sys.executable, "-m", "procgroup.bench", *argv]

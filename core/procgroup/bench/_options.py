@@ -38,6 +38,7 @@ class Options:
     shared_dir: str | None = None
     progress: bool = True
     log_level: str = "WARNING"
+    log_busbw: bool = False
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -66,29 +67,33 @@ def build_parser() -> argparse.ArgumentParser:
                "the launcher's and -n is ignored. See docs/benchmarking.md.",
     )
     a = p.add_argument
-    a("-n", "--nprocs", default="2", help="ranks to start on this host (default 2)")
-    a("-b", "--backend", default="tcp", help="procgroup backends, comma separated (default tcp); "
+    # nccl-tests' spellings: -b/-e/-f (sweep), -n (iterations), -w (warmup), -c (check)
+    a("-np", "-N", "--nprocs", dest="nprocs", default="2", help="ranks to start on this host (default 2)")
+    a("--backend", "-B", default="tcp", help="procgroup backends, comma separated (default tcp); "
       "the first is the reference of the ratio column")
     a("--compare", action="append", default=[], metavar="{torch,raw}",
       help="also run torch.distributed gloo (torch) and/or raw mpi4py and pygloo (raw) in the same sweep")
-    a("--op", default="all_reduce", help="ops, comma separated: all_reduce, broadcast, reduce, all_gather, "
+    a("--op", "-o", default="all_reduce", help="ops, comma separated: all_reduce, broadcast, reduce, all_gather, "
       "reduce_scatter, all_to_all, pingpong, or all (default all_reduce)")
-    a("--min-bytes", default="16", help="smallest size (default 16)")
-    a("--max-bytes", default="64M", help="largest size, inclusive (default 64M)")
-    a("--factor", default="4", help="size multiplier between steps (default 4)")
+    a("-b", "--min-bytes", "--minbytes", dest="min_bytes", default="16", help="smallest size (default 16)")
+    a("-e", "--max-bytes", "--maxbytes", dest="max_bytes", default="64M", help="largest size, inclusive (default 64M)")
+    a("-f", "--factor", "--stepfactor", dest="factor", default="4", help="size multiplier between steps (default 4)")
     a("--sizes", default=None, help="explicit sizes, comma separated (e.g. 1K,1M); overrides min/max/factor")
-    a("--iters", default=None, help="timed iterations per size and variant (default: 50 for small sizes, "
+    a("-n", "--iters", default=None, help="timed iterations per size and variant (default: 50 for small sizes, "
       "down to 5 at 64 MiB and above)")
-    a("--warmup", default=None, help="untimed iterations before timing (default max(2, iters/10))")
+    a("-w", "--warmup", "--warmup_iters", dest="warmup", default=None,
+      help="untimed iterations before timing (default max(2, iters/10))")
     a("--rounds", default=None, help="interleave the variants in this many rounds per size, the iterations "
       "split among them (default 3 with several variants, else 1)")
     a("--dtype", default="float32", choices=DTYPES)
     a("--timeout", default="120", help="seconds any one blocking call may take (default 120)")
     a("--job-timeout", default="3600", help="seconds the whole spawned job may take (default 3600)")
     a("--no-check", action="store_true", help="skip the correctness check of each op's first call")
+    a("-c", "--check", default=None, metavar="{0,1}", help="nccl-tests' spelling: -c 0 is --no-check (default 1)")
     a("--json", default=None, metavar="FILE", help="write results and run metadata as JSON")
     a("--csv", default=None, metavar="FILE", help="write one row per (op, size, variant)")
     a("--plot", default=None, metavar="FILE", help="plot bandwidth and time vs size (needs matplotlib)")
+    a("--log-busbw", action="store_true", help="--plot: bus bandwidth on a log axis (default linear)")
     a("--shared-dir", default=None, metavar="DIR",
       help="directory every rank can reach, for raw-pygloo's FileStore (default: a temporary directory; "
            "multi-host runs need a shared one)")
@@ -127,7 +132,10 @@ def parse_options(argv: list[str]) -> Options:
     o.dtype = ns.dtype
     o.timeout = _seconds("--timeout", ns.timeout)
     o.job_timeout = _seconds("--job-timeout", ns.job_timeout)
-    o.check = not ns.no_check
+    if ns.check is not None and ns.check.strip() not in ("0", "1"):
+        raise InvalidArgumentError(f"-c/--check must be 0 or 1, got {ns.check!r}")
+    o.check = not ns.no_check and (ns.check is None or ns.check.strip() == "1")
+    o.log_busbw = ns.log_busbw
     o.json, o.csv, o.plot, o.shared_dir = ns.json, ns.csv, ns.plot, ns.shared_dir
     o.progress = not ns.quiet
     o.log_level = ns.log_level.upper()
