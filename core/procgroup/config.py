@@ -26,7 +26,7 @@ ENV_BACKEND = "PROCGROUP_BACKEND"
 ENV_TIMEOUT = "PROCGROUP_TIMEOUT"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model() -> type[BaseModel]:
     """The InitSettings model, built (and pydantic imported) on first use."""
     from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -104,7 +104,7 @@ def init_settings(
     from pydantic import ValidationError
 
     try:
-        return _model()(
+        return _model()(  # type: ignore[return-value]
             backend=backend.lower() if isinstance(backend, str) else backend,
             init_method=init_method,
             world_size=world_size,

@@ -29,7 +29,7 @@ if "mpi4py.MPI" not in sys.modules:
     # start MPI: it is initialised on first use (_initialized), and finalised at exit
     mpi4py.rc.initialize = False
     mpi4py.rc.finalize = True
-from mpi4py import MPI  # noqa: E402
+from mpi4py import MPI
 from procgroup.backend import ChannelContext, DataChannel, choose_address, job_key
 from procgroup.ops import ReduceOp, finish_average
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from procgroup._settings import plain_problem
 from procgroup.errors import InvalidArgumentError
@@ -40,31 +41,31 @@ _HOSTS = ("MASTER_ADDR", "SLURM_LAUNCH_NODE_IPADDR")
 FIELDS = ("MASTER_ADDR", "MASTER_PORT", *_RANKS, *_SIZES, "SLURM_JOB_NODELIST", "SLURM_LAUNCH_NODE_IPADDR")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model() -> Any:
     """The pydantic model of the variables, built (and pydantic imported) on first use:
     ``import procgroup`` does not pay for pydantic."""
-    from typing import Annotated, Optional
+    from typing import Annotated
 
     from pydantic import ConfigDict, Field, create_model, field_validator
 
-    rank = Annotated[Optional[int], Field(ge=0)]
-    size = Annotated[Optional[int], Field(ge=1)]
-    port = Annotated[Optional[int], Field(ge=1, le=65535)]
+    rank = Annotated[int | None, Field(ge=0)]
+    size = Annotated[int | None, Field(ge=1)]
+    port = Annotated[int | None, Field(ge=1, le=65535)]
 
     def no_spaces(cls: Any, v: str | None) -> str | None:
         if v is not None and (not v.strip() or any(c.isspace() for c in v.strip())):
             raise ValueError("must be a host name or IP address without spaces")
         return v.strip() if v is not None else None
 
-    fields: dict[str, Any] = {"MASTER_ADDR": (Optional[str], None), "MASTER_PORT": (port, None)}
+    fields: dict[str, Any] = {"MASTER_ADDR": (str | None, None), "MASTER_PORT": (port, None)}
     fields.update({k: (rank, None) for k in _RANKS})
     fields.update({k: (size, None) for k in _SIZES})
-    fields.update({k: (Optional[str], None) for k in ("SLURM_JOB_NODELIST", "SLURM_LAUNCH_NODE_IPADDR")})
+    fields.update({k: (str | None, None) for k in ("SLURM_JOB_NODELIST", "SLURM_LAUNCH_NODE_IPADDR")})
     return create_model(  # type: ignore[call-overload]
         "RendezvousEnvModel",
         __config__=ConfigDict(extra="ignore", frozen=True, strict=False),
-        __validators__={"_no_spaces": field_validator(*_HOSTS)(classmethod(no_spaces))},
+        __validators__={"_no_spaces": field_validator(*_HOSTS)(classmethod(no_spaces))},  # type: ignore[dict-item]
         **fields,
     )
 
@@ -94,7 +95,7 @@ class RendezvousEnv:
             setattr(self, k, v)
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str], scheme: str = "env://") -> "RendezvousEnv":
+    def from_environ(cls, environ: Mapping[str, str], scheme: str = "env://") -> RendezvousEnv:
         """Validate the known variables of ``environ``; errors name variable and value."""
         raw = {k: environ[k].strip() for k in FIELDS if environ.get(k, "").strip()}
         if not raw:
