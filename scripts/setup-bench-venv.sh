@@ -59,4 +59,4 @@ if [ -f backends/mpi/pyproject.toml ]; then
   "${pip[@]}" install -q -e "backends/mpi[mpich]"
 fi
 echo "procgroup bench environment ready: $(.venv-bench/bin/python --version) in .venv-bench"
-echo "try: .venv-bench/bin/procgroup-bench -n 2 --backend tcp --compare torch --max-bytes 1M"
+echo "try: .venv-bench/bin/procgroup-bench -np 2 --backend tcp --compare torch --max-bytes 1M"
