@@ -70,6 +70,8 @@ class _DistTestBase:
 
         test_dir = os.path.join(os.environ["TEMP_DIR"], "test_dir")
         rank = dist.get_rank()
+        if os.environ["BACKEND"] == "mpi" and "PMI_RANK" in os.environ:  # MPI's rank wins, file:// too
+            self.assertEqual(rank, int(os.environ["PMI_RANK"]))
         Path(test_dir, f"{os.getpid()}").write_text(str(rank))
         self._barrier()
         ranks = sorted(int(p.read_text()) for p in Path(test_dir).iterdir())
