@@ -21,11 +21,6 @@ from procgroup.testing._huge import over_2gib, skip_unless_memory
 class TestTcpConformance(ConformanceSuite):
     backend = "tcp"
     world_sizes = (1, 2, 3, 4)
-    # known bug (issue 18): with shared memory on, an all_reduce pending at close() fails
-    # with "ValueError: operation forbidden on released memoryview object", not a
-    # ProcGroupError; TestTcpSocketsOnly runs the check without shared memory and passes
-    unsupported = {"close_fails_pending_work": "shm: a collective pending at close() raises ValueError "
-                   "(released memoryview), not a ProcGroupError (known bug)"}
 
 
 class TestTcpSocketsOnly(ConformanceSuite):

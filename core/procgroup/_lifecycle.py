@@ -153,7 +153,7 @@ def _check_discovered(cls: type[DataChannel], settings: config.InitSettings, ran
     if want_rank == rank and want_size == size:
         return
     sources = " and ".join(src for _, src in given.values())
-    hint = getattr(cls, "launch_hint", "")
+    hint = cls.launch_hint
     hint = hint.format(size=want_size) if hint else f"start the ranks with the {name} backend's own launcher"
     raise InvalidArgumentError(
         f"init_process_group: {sources} contradicts the {name} launcher, which says "

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 from procgroup.algorithms.ring import chunk_bounds
 from procgroup.backend import ChannelContext, Fingerprint, env_flag, mismatch, poll
-from procgroup.errors import CommTimeoutError, MismatchError, PeerError
+from procgroup.errors import ChannelClosedError, CommTimeoutError, MismatchError, PeerError
 from procgroup.ops import ReduceOp, finish_average, reduce_into
 
 from ._conn import left_error
@@ -108,6 +108,9 @@ def _guarded(op: str) -> Callable[[F], F]:
             except MismatchError:
                 raise  # found by every rank at the same step: the counters still agree
             except BaseException as exc:
+                if self._closed:  # the region went away under a pending op (close())
+                    raise ChannelClosedError(
+                        f"the tcp channel was closed while this {op} was pending") from None
                 self._broken(PeerError(
                     f"a shared-memory collective was interrupted ({type(exc).__name__}: {exc}); "
                     f"this group cannot be used any more"))
@@ -208,7 +211,10 @@ class SharedMemoryArena:
             return None
         return cls(ctx, mm, check, has_left, broken) if mm is not None else None
 
+    _closed = False
+
     def close(self) -> None:
+        self._closed = True  # an op still running on another thread fails as closed
         # numpy views keep the buffer exported; dropping them lets the map close
         self._small_views.clear()
         del self.small, self.large

@@ -86,6 +86,8 @@ class DataChannel(abc.ABC):
     #: Devices this instance takes directly, when it knows better than its BackendSpec
     #: (e.g. a CUDA-aware MPI adds "cuda"); None means the spec's ``devices``.
     devices: tuple[str, ...] | None = None
+    #: How to start ranks so that discover_world agrees ("{size}" is filled in), for errors.
+    launch_hint: str = ""
     #: op -> (do form, start form); computed once per class.
     _forms: dict[str, tuple[bool, bool]] = {}
 
@@ -104,10 +106,12 @@ class DataChannel(abc.ABC):
 
     @classmethod
     def discover_world(cls) -> tuple[int, int] | None:
-        """(rank, size) when the backend finds its peers itself (mpi under mpiexec).
+        """(rank, size) when the backend's own launcher decides them (mpi under mpiexec).
 
-        Called only when init_process_group got no init_method; None means "use the
-        init method" (env:// by default).
+        Asked at every init_process_group: an answer wins over the init method's ranks
+        (as in the 2017 module, where MPI ignored init_method for ranks); the init method
+        may still provide the Store. A rank, size, URL parameter or RANK/WORLD_SIZE that
+        contradicts it is an error quoting :attr:`launch_hint`. None: the init method decides.
         """
         return None
 

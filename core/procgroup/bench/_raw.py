@@ -32,7 +32,7 @@ def mpi4py_missing() -> str | None:
     if importlib.util.find_spec("mpi4py") is None:
         return "mpi4py is not importable (pip install 'procgroup-mpi[mpich]' brings it and mpiexec)"
     if not under_mpi_launcher():
-        return "this job was not started by mpiexec (procgroup-bench -n N does that when mpi4py is installed)"
+        return "this job was not started by mpiexec (procgroup-bench -np N does that when mpi4py is installed)"
     return None
 
 
