@@ -16,7 +16,6 @@ import threading
 import traceback
 
 import numpy as np
-
 import procgroup as pg
 
 _FLAG = threading.Event()
@@ -57,7 +56,7 @@ R = pg.remote
 results: dict[str, str | None] = {}
 
 
-def check(fn):  # noqa: ANN001, ANN201
+def check(fn):
     results[fn.__name__] = None
     return fn
 
@@ -73,7 +72,7 @@ def same(remote: R.RemoteArray, local: np.ndarray, what: str = "") -> None:
         np.testing.assert_array_equal(got, local, err_msg=what)
 
 
-def raises_like(remote_call, local_call, what: str) -> None:  # noqa: ANN001
+def raises_like(remote_call, local_call, what: str) -> None:
     """The remote call raises NumPy's exception: same type and same message."""
     try:
         local_call()

@@ -7,7 +7,8 @@ import contextlib
 import os
 import pickle
 import sys
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +17,16 @@ from ..errors import InvalidArgumentError, ProcGroupError
 from ..ops import ReduceOp
 from . import _master, _meta, _worker
 from . import _protocol as P
-from ._array import FUNCTIONS, RemoteArray, RemoteValue, _conv, _device_arg, _issue, _placement, pickled_function
+from ._array import (
+    FUNCTIONS,
+    RemoteArray,
+    RemoteValue,
+    _conv,
+    _device_arg,
+    _issue,
+    _placement,
+    pickled_function,
+)
 from ._master import INLINE_SEND, SMALL_BYTES, Master, master
 from ._protocol import Ref
 
@@ -47,7 +57,7 @@ def init_master_worker(backend: str | None = None, init_method: str | None = Non
     infos = []
     buf = np.empty(P.FRAME, np.uint8)
     for r in workers:
-        kind, payload = P.recv_payload(channel, buf, r, P.HELLO_TAG)
+        _, payload = P.recv_payload(channel, buf, r, P.HELLO_TAG)
         infos.append(pickle.loads(payload))  # from a worker: an authenticated member of the job
     _master.MASTER = Master(channel, infos, st.timeout, workers)
     if _master.teardown not in _state.teardown_hooks:
@@ -65,12 +75,12 @@ def _end_worker(code: int) -> None:
     """
     try:
         _lifecycle.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - the exit status is decided already
+    except BaseException:  # noqa: BLE001, S110
         pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001, S110
             pass
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None:
@@ -313,7 +323,7 @@ def all_reduce(arrays: Sequence[Any], op: ReduceOp = ReduceOp.SUM) -> None:
     among those workers (asynchronous like every op; the arrays hold the result after)."""
     if not isinstance(op, ReduceOp):
         raise InvalidArgumentError(f"remote.all_reduce: op must be a procgroup.ReduceOp, got {op!r}")
-    from ..ops import check_op_dtype  # noqa: PLC0415
+    from ..ops import check_op_dtype
 
     if arrays and isinstance(arrays[0], RemoteArray):
         check_op_dtype(op, arrays[0].dtype)
@@ -343,12 +353,12 @@ class Stream:
         self.id = next(link.next_stream)
 
     @classmethod
-    def _default(cls, m: Master, node_: int, sid: int) -> "Stream":
+    def _default(cls, m: Master, node_: int, sid: int) -> Stream:
         s = cls.__new__(cls)
         s._master, s.node, s.id = m, node_, sid
         return s
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:  # noqa: PYI034
         loc = self._master.local
         loc.streams.setdefault(self.node, []).append(self.id)
         if not hasattr(self, "_saved"):
@@ -357,7 +367,7 @@ class Stream:
         loc.node = self.node
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         loc = self._master.local
         loc.streams[self.node].pop()
         loc.node = self._saved.pop()
@@ -371,13 +381,13 @@ class Stream:
         sid = self.id
         return bool(self._master.link(self.node).request(lambda tag: ("squery", sid, tag), "Stream.query"))
 
-    def wait_event(self, event: "Event") -> None:
+    def wait_event(self, event: Event) -> None:
         event.wait(self)
 
-    def wait_stream(self, stream: "Stream") -> None:
+    def wait_stream(self, stream: Stream) -> None:
         self.wait_event(stream.record_event())
 
-    def record_event(self, event: "Event | None" = None) -> "Event":
+    def record_event(self, event: Event | None = None) -> Event:
         event = Event() if event is None else event
         event.record(self)
         return event
@@ -442,7 +452,7 @@ class Event:
         eid = self._id
         self._master.link(self.node).request(lambda tag: ("esync", (eid,), tag), "Event.synchronize")
 
-    def elapsed_time(self, end_event: "Event") -> float:
+    def elapsed_time(self, end_event: Event) -> float:
         if self.node is None or end_event.node is None:
             raise ProcGroupError("Event.elapsed_time: both events must be recorded first")
         if end_event.node != self.node:
@@ -455,7 +465,7 @@ class Event:
         if m is not None and not m.closed and self.node is not None:
             try:
                 m.links[self.node].frees.append(self._id)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110
                 pass
 
     def __repr__(self) -> str:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import inspect
 import operator
 import pickle
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
@@ -30,7 +31,7 @@ _SCALARS = (bool, int, float, complex, str, type(None), np.generic, np.dtype, sl
 class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
     """An array on node ``node`` (device -1: the worker's memory; k >= 0: its GPU k)."""
 
-    __slots__ = ("_id", "_node", "_device", "shape", "dtype", "_master", "__weakref__")
+    __slots__ = ("__weakref__", "_device", "_id", "_master", "_node", "dtype", "shape")
     __array_priority__ = 1000
 
     def __init__(self, m: Master, node: int, device: int, shape: tuple[int, ...], dtype: np.dtype,
@@ -47,7 +48,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         if m is not None and not m.closed:
             try:
                 m.links[self._node].frees.append(self._id)  # lock-free: GC may run anywhere
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110
                 pass
 
     # ------------------------------------------------------------ metadata (no round trip)
@@ -81,7 +82,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         return self.size * self.dtype.itemsize
 
     @property
-    def T(self) -> "RemoteArray":
+    def T(self) -> RemoteArray:
         return self.transpose()
 
     def __repr__(self) -> str:
@@ -132,7 +133,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
             raise TypeError("len() of unsized object")
         return self.shape[0]
 
-    def __iter__(self) -> Iterator["RemoteArray"]:
+    def __iter__(self) -> Iterator[RemoteArray]:
         for i in range(len(self)):
             yield self[i]
 
@@ -187,7 +188,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         return handler(*args, **kwargs)
 
     # ------------------------------------------------------------ indexing
-    def __getitem__(self, key: Any) -> "RemoteArray":
+    def __getitem__(self, key: Any) -> RemoteArray:
         shape, dtype = _meta.getitem(self, key)
         m, link, device = _placement([self] + _key_remotes(key), "getitem")
         out = RemoteArray(m, link.node, device, shape, dtype)
@@ -204,13 +205,13 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
                (Ref(self._id), _conv(key, link.node, device), _conv(value, link.node, device), device))
 
     # ------------------------------------------------------------ methods
-    def astype(self, dtype: Any, copy: bool = True) -> "RemoteArray":
+    def astype(self, dtype: Any, copy: bool = True) -> RemoteArray:
         dt = _meta.astype(self, dtype)
         if not copy and dt == self.dtype:
             return self
         return _method(self, "astype", (dt.str,), {}, self.shape, dt)
 
-    def copy(self) -> "RemoteArray":
+    def copy(self) -> RemoteArray:
         return _method(self, "copy", (), {}, self.shape, self.dtype)
 
     def fill(self, value: Any) -> None:
@@ -219,75 +220,75 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         _issue(m, link, "method", (), (Ref(self._id),), self.nbytes <= SMALL_BYTES,
                ("fill", Ref(self._id), (_conv(value, link.node, device),), {}, device))
 
-    def reshape(self, *shape: Any, order: str = "C") -> "RemoteArray":
+    def reshape(self, *shape: Any, order: str = "C") -> RemoteArray:
         if len(shape) == 1:
             shape = shape[0]
         return _view_func(np.reshape, self, (shape,), {"order": order} if order != "C" else {})
 
-    def transpose(self, *axes: Any) -> "RemoteArray":
+    def transpose(self, *axes: Any) -> RemoteArray:
         if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
             axes = axes[0]
         return _view_func(np.transpose, self, (), {"axes": tuple(axes)} if axes else {})
 
-    def ravel(self) -> "RemoteArray":
+    def ravel(self) -> RemoteArray:
         return np.ravel(self)
 
-    def flatten(self) -> "RemoteArray":
+    def flatten(self) -> RemoteArray:
         return _method(self, "flatten", (), {}, (self.size,), self.dtype)
 
-    def squeeze(self, axis: Any = None) -> "RemoteArray":
+    def squeeze(self, axis: Any = None) -> RemoteArray:
         return np.squeeze(self, axis=axis)
 
-    def swapaxes(self, a: int, b: int) -> "RemoteArray":
+    def swapaxes(self, a: int, b: int) -> RemoteArray:
         return np.swapaxes(self, a, b)
 
-    def dot(self, b: Any) -> "RemoteArray":
+    def dot(self, b: Any) -> RemoteArray:
         return np.dot(self, b)
 
-    def clip(self, min: Any = None, max: Any = None) -> "RemoteArray":  # noqa: A002 - NumPy's names
+    def clip(self, min: Any = None, max: Any = None) -> RemoteArray:
         return np.clip(self, min, max)
 
-    def round(self, decimals: int = 0) -> "RemoteArray":
+    def round(self, decimals: int = 0) -> RemoteArray:
         return np.round(self, decimals)
 
-    def sum(self, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> "RemoteArray":
+    def sum(self, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> RemoteArray:
         return np.sum(self, axis=axis, dtype=dtype, keepdims=keepdims)
 
-    def prod(self, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> "RemoteArray":
+    def prod(self, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> RemoteArray:
         return np.prod(self, axis=axis, dtype=dtype, keepdims=keepdims)
 
-    def mean(self, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> "RemoteArray":
+    def mean(self, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> RemoteArray:
         return np.mean(self, axis=axis, dtype=dtype, keepdims=keepdims)
 
-    def std(self, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False) -> "RemoteArray":
+    def std(self, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False) -> RemoteArray:
         return np.std(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
 
-    def var(self, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False) -> "RemoteArray":
+    def var(self, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False) -> RemoteArray:
         return np.var(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
 
-    def max(self, axis: Any = None, keepdims: bool = False) -> "RemoteArray":
+    def max(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
         return np.max(self, axis=axis, keepdims=keepdims)
 
-    def min(self, axis: Any = None, keepdims: bool = False) -> "RemoteArray":
+    def min(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
         return np.min(self, axis=axis, keepdims=keepdims)
 
-    def any(self, axis: Any = None, keepdims: bool = False) -> "RemoteArray":
+    def any(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
         return np.any(self, axis=axis, keepdims=keepdims)
 
-    def all(self, axis: Any = None, keepdims: bool = False) -> "RemoteArray":
+    def all(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
         return np.all(self, axis=axis, keepdims=keepdims)
 
-    def argmax(self, axis: Any = None) -> "RemoteArray":
+    def argmax(self, axis: Any = None) -> RemoteArray:
         return np.argmax(self, axis=axis)
 
-    def argmin(self, axis: Any = None) -> "RemoteArray":
+    def argmin(self, axis: Any = None) -> RemoteArray:
         return np.argmin(self, axis=axis)
 
-    def cumsum(self, axis: Any = None, dtype: Any = None) -> "RemoteArray":
+    def cumsum(self, axis: Any = None, dtype: Any = None) -> RemoteArray:
         return np.cumsum(self, axis=axis, dtype=dtype)
 
     # ------------------------------------------------------------ moving
-    def to(self, node: int | None = None, device: int | None = None) -> "RemoteArray":
+    def to(self, node: int | None = None, device: int | None = None) -> RemoteArray:
         """A copy on ``node`` (default: this one) and ``device`` (default: this one);
         between nodes the data goes worker to worker. Returns self when nothing changes."""
         m = self._master
@@ -309,17 +310,17 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         dst.flush()
         return out
 
-    def cuda(self, device: int = 0) -> "RemoteArray":
+    def cuda(self, device: int = 0) -> RemoteArray:
         return self.to(self._node, device)
 
-    def cpu(self) -> "RemoteArray":
+    def cpu(self) -> RemoteArray:
         return self.to(self._node, -1)
 
 
 class RemoteValue:
     """What remote.run returned when it was not an array; .get() fetches it (pickled)."""
 
-    __slots__ = ("_id", "_node", "_master", "__weakref__")
+    __slots__ = ("__weakref__", "_id", "_master", "_node")
 
     def __init__(self, m: Master, node: int, id_: int) -> None:
         self._master, self._node, self._id = m, node, id_
@@ -339,7 +340,7 @@ class RemoteValue:
         if m is not None and not m.closed:
             try:
                 m.links[self._node].frees.append(self._id)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110
                 pass
 
     def __repr__(self) -> str:
@@ -625,7 +626,7 @@ def _array_equal(a1: Any, a2: Any, equal_nan: bool = False) -> bool:
 def pickled_function(fn: Any) -> bytes:
     try:
         return pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # noqa: BLE001 - pickle raises several types
+    except Exception as exc:
         raise TypeError(f"remote.run: {fn!r} cannot be pickled ({exc}); define it at module level in a module the "
                         f"workers can import (or in the script, before init_master_worker)") from exc
 

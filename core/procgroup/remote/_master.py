@@ -14,7 +14,8 @@ import itertools
 import logging
 import pickle
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from ..errors import (
     RemoteError,
 )
 from . import _protocol as P
-from ._protocol import ErrorInfo, Ref
+from ._protocol import ErrorInfo
 from ._worker import recv_array
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def remote_error(errors: list[ErrorInfo]) -> RemoteError:
 class NodeLink:
     """The master's connection to one node (world rank node + 1)."""
 
-    def __init__(self, master: "Master", node: int, info: dict[str, Any]) -> None:
+    def __init__(self, master: Master, node: int, info: dict[str, Any]) -> None:
         self.master = master
         self.node = node
         self.rank = node + 1
@@ -202,7 +203,7 @@ class Master:
                 if (link.pending or link.frees) and link.failure is None:
                     try:
                         link.flush()
-                    except Exception:  # noqa: BLE001 - recorded on the link, raised at the next call
+                    except Exception:
                         log.debug("flushing node %d failed", link.node, exc_info=True)
 
     # ------------------------------------------------------------ current node and stream
@@ -279,5 +280,14 @@ def teardown() -> None:
         m.shutdown()
 
 
-__all__ = ["INLINE_SEND", "MASTER", "MAX_BATCH", "Master", "NodeLink", "SMALL_BYTES", "master", "remote_error",
-           "teardown"]
+__all__ = [
+    "INLINE_SEND",
+    "MASTER",
+    "MAX_BATCH",
+    "SMALL_BYTES",
+    "Master",
+    "NodeLink",
+    "master",
+    "remote_error",
+    "teardown",
+]

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -263,7 +264,7 @@ class _quiet:
         self._cm.__enter__()
         warnings.simplefilter("ignore", RuntimeWarning)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._cm.__exit__(*exc)
 
 
@@ -346,7 +347,7 @@ def concatenate(arrays: Sequence[Any], axis: Any = 0, dtype: Any = None, casting
                 raise ValueError("shape")
             shape = shapes[0][:ax] + (sum(s[ax] for s in shapes),) + shapes[0][ax + 1:]
             res = fn([tiny(a, ndim) for a in arrays], **kw)
-    except (ValueError, np.exceptions.AxisError if hasattr(np, "exceptions") else ValueError):
+    except ValueError:  # AxisError is a ValueError too
         _raise_like(lambda: fn([ghost(a) for a in arrays], **kw))
         raise
     return shape, res.dtype

@@ -27,7 +27,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 class Slot:
     """One array (or run() value) on this worker; ``ready`` is set once its producer ran."""
 
-    __slots__ = ("value", "error", "ready")
+    __slots__ = ("error", "ready", "value")
 
     def __init__(self) -> None:
         self.value: Any = None
@@ -60,7 +61,7 @@ class WEvent:
 
 
 class Job:
-    __slots__ = ("kind", "stream", "outs", "meta", "writes", "inputs", "args", "extra")
+    __slots__ = ("args", "extra", "inputs", "kind", "meta", "outs", "stream", "writes")
 
     def __init__(self, kind: str, stream: int, outs: list[Slot], meta: tuple[Any, ...], writes: list[Slot],
                  inputs: list[Slot], args: Any, extra: Any = None) -> None:
@@ -69,7 +70,7 @@ class Job:
 
 
 class StreamThread:
-    def __init__(self, worker: "Worker", sid: int) -> None:
+    def __init__(self, worker: Worker, sid: int) -> None:
         self.sid = sid
         self.q: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.enqueued = 0  # written by the dispatcher only
@@ -85,7 +86,7 @@ class StreamThread:
         self.enqueued += 1
         self.q.put(job)
 
-    def _loop(self, worker: "Worker") -> None:
+    def _loop(self, worker: Worker) -> None:
         while True:
             job = self.q.get()
             if job is None:
@@ -102,7 +103,7 @@ _INLINE_KINDS = frozenset({"new", "put", "ufunc", "func", "method", "getitem", "
 
 
 def _cupy() -> Any:
-    import cupy  # noqa: PLC0415 - only where device >= 0 is used
+    import cupy
 
     return cupy
 
@@ -111,7 +112,7 @@ class _NoCtx:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *a: Any) -> None:
+    def __exit__(self, *a: object) -> None:
         return None
 
 
@@ -701,7 +702,7 @@ def _m_bye(w: Worker, tag: int) -> bool:
         # every rank leaves together, as after any program's last barrier: some transports
         # (MPI) free their communicators collectively
         _ops.barrier()
-    except Exception:  # noqa: BLE001 - the master may already be gone
+    except Exception:  # noqa: BLE001, S110
         pass
     return False
 
@@ -717,7 +718,7 @@ def hello(node: int) -> dict[str, Any]:
     info: dict[str, Any] = {"node": node, "host": socket.gethostname(), "pid": os.getpid(), "gpus": 0,
                             "cupy": None, "cupy_error": None}
     try:
-        import cupy  # noqa: PLC0415
+        import cupy
 
         info["cupy"] = cupy.__version__
         info["gpus"] = int(cupy.cuda.runtime.getDeviceCount())
