@@ -331,6 +331,20 @@ class Peer:
                 self.events.peer_failed(self, lost)
                 raise lost from None
 
+    def send_notice(self, body: bytes, kind: int) -> None:
+        """Write a small control frame now, on the caller's thread, even after sends were
+        failed: a lost-peer notice must be out before this process may exit. Best effort."""
+        if not self._send_lock.acquire(timeout=1.0):
+            return
+        try:
+            header = _wire.pack_header(kind, b"B", 0, self._seq_out, len(body), _wire.NO_FP)
+            self._seq_out += 1
+            _send_all(self.sock, header, memoryview(body))
+        except OSError:
+            pass  # that peer is gone too; its own reader reports it
+        finally:
+            self._send_lock.release()
+
     def fail_pending_sends(self, exc: BaseException) -> None:
         self._send_error = exc
 

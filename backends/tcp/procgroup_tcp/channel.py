@@ -143,10 +143,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         body = LOST.pack(peer.global_rank) + str(exc).encode()[:MAX_LOST_BYTES - LOST.size]
         for other in self._peers.values():
             if other is not peer and not other.left:
-                try:
-                    other.send_async(memoryview(body), 0, b"B", NO_FP, KIND_PEER_LOST)
-                except RuntimeError:  # its sender is shut down: we are closing
-                    pass
+                other.send_notice(body, KIND_PEER_LOST)  # now: this process may exit next
 
     def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
         """A peer lost rank ``lost``: this channel is broken too, and names that rank."""
