@@ -8,12 +8,13 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import time
 from typing import Any, Mapping, Sequence
 
 from . import _auth, _logging, _ops, _state, config
 from ._settings import timeout_seconds
 from .backend import DataChannel
-from .errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
+from .errors import AlreadyInitializedError, CommTimeoutError, InvalidArgumentError, NotInitializedError
 from .groups import Group, GroupMember
 from .plugins import backends, load_channel_class
 
@@ -71,6 +72,7 @@ def init_process_group(
         ctx = _state.make_context(st, range(size), rank_, 0, "world", settings.timeout)
         try:
             channel = cls(ctx)
+            _all_joined(ctx.store, rank_, size, settings.timeout)
         except BaseException:
             _close_quietly(the_store)  # a failed connect must not leave rank 0's server up
             raise
@@ -82,6 +84,32 @@ def init_process_group(
         atexit.register(destroy_process_group)
         log.info("rank %d of %d joined the %s process group", rank_, size, spec.name)
     _after_init_hooks()
+
+
+def _all_joined(store: Any, rank: int, size: int, timeout: float) -> None:
+    """Return once every rank has built its channel, and (on rank 0) once every other rank
+    knows it: a rank 0 that hosts the Store and returns at once, then exits (the 2017
+    suite's ranks end with os._exit), must not pull the Store from under a rank that is
+    still setting up. Two Store round trips per rank, once per job."""
+    if size == 1:
+        return
+    store.add("init/built", 1)
+    _wait_count(store, "init/built", size, timeout)
+    if rank == 0:
+        _wait_count(store, "init/seen", size - 1, timeout)
+    else:
+        store.add("init/seen", 1)
+
+
+def _wait_count(store: Any, key: str, target: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    nap = 0.0005
+    while store.add(key, 0) < target:
+        if time.monotonic() > deadline:
+            raise CommTimeoutError(f"init_process_group: not every rank finished joining within {timeout:g}s "
+                                   f"({store.add(key, 0)} of {target})", op="init_process_group")
+        time.sleep(nap)
+        nap = min(nap * 2, 0.02)
 
 
 def _store_key(store: Any, token: str | bytes | None, master_addr: str | None) -> bytes:
