@@ -224,7 +224,7 @@ def _nccl_matrix(rank: int, size: int) -> dict[str, Any]:
 def test_nccl_mismatch_matrix() -> None:
     reason = _gpu_reason()
     if reason is not None:
-        pytest.skip(reason)
+        pytest.skip(f"the nccl mismatch matrix runs on 2 CUDA GPUs: {reason}")
     results = spawn(_nccl_matrix, 2, "nccl", env=DETAIL, timeout=60, job_timeout=300)
     for out in results:
         for name in ("op", "size", "dtype", "root", "reduce_op"):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ from procgroup.backend import (
     Work,
     flat_view,
     host_address,
+    late_peers,
     poll,
 )
 from procgroup.errors import (
@@ -142,14 +142,8 @@ class GlooChannel(DataChannel):
         peers = [r for r in range(self.size) if r != self.rank]
         for peer in peers:
             self._p2p.send(mark, peer, tag)
-        deadline = time.monotonic() + self.timeout
-        missing = []
-        for peer in peers:
-            work = self._p2p.irecv(np.zeros(1, dtype=np.uint8), peer, tag)
-            try:
-                work.wait(timeout=max(deadline - time.monotonic(), 0.0))
-            except CommTimeoutError:
-                missing.append(self.ctx.global_rank(peer))
+        marks = [(peer, self._p2p.irecv(np.zeros(1, dtype=np.uint8), peer, tag)) for peer in peers]
+        missing = [self.ctx.global_rank(peer) for peer in late_peers(marks, self.timeout)]
         if missing:
             who = ", ".join(f"rank {r}" for r in missing)
             exc = CommTimeoutError(f"{op}: {who} did not join within {self.timeout}s", op=op, ranks=missing)

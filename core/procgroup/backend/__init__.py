@@ -38,7 +38,7 @@ from ._fingerprint import Fingerprint, mismatch
 from ._lowering import Lowered, ReduceTable, flat_view
 from ._netif import ENV_SOCKET_IFNAME, choose_address
 from ._spec import BackendSpec, InitMethodSpec, hookimpl
-from ._wait import poll
+from ._wait import late_peers, poll
 from ._work import CompletedWork, FutureWork, MappedWork, OrderedExecutor, Work
 
 
@@ -81,6 +81,7 @@ __all__ = [
     "host_address",
     "implemented_ops",
     "job_key",
+    "late_peers",
     "mismatch",
     "poll",
     "server_handshake",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
@@ -27,6 +26,7 @@ import numpy as np
 from .._settings import env_choice
 from ..errors import BackendNotFoundError, CommTimeoutError
 from ._fingerprint import NO_ROOT, SIZE, Fingerprint, mismatch
+from ._wait import late_peers
 
 if TYPE_CHECKING:
     from ._channel import DataChannel
@@ -147,15 +147,7 @@ class Agreement:
         peers = [r for r in range(ch.size) if r != ch.rank]
         recvs = [(peer, p2p.irecv(rows[peer], peer, tag)) for peer in peers]
         sends = [(peer, p2p.isend(rows[ch.rank], peer, tag)) for peer in peers]
-        deadline = time.monotonic() + ch.timeout
-        missing = []
-        for peer, work in recvs + sends:
-            if ch.ctx.global_rank(peer) in missing:
-                continue
-            try:
-                work.wait(timeout=max(deadline - time.monotonic(), 0.0))
-            except CommTimeoutError:
-                missing.append(ch.ctx.global_rank(peer))
+        missing = [ch.ctx.global_rank(peer) for peer in late_peers(recvs + sends, ch.timeout)]
         if missing:
             who = ", ".join(f"rank {r}" for r in missing)
             raise CommTimeoutError(

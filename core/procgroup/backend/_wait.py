@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterable
+
+if TYPE_CHECKING:
+    from ._work import Work
 
 from ..errors import CommTimeoutError
 
@@ -58,4 +61,20 @@ def poll(test: Callable[[], bool], timeout: float, *, what: str = "", op: str = 
             nap = min(nap * 2, nap_max)
 
 
-__all__ = ["poll"]
+def late_peers(works: "Iterable[tuple[int, Work]]", timeout: float) -> list[int]:
+    """Wait for each (peer, Work) under one shared deadline; return the peers (in order,
+    once each) whose Work had not finished by then. For arrival checks that must name
+    the ranks that never came rather than raise at the first."""
+    deadline = time.monotonic() + timeout
+    late: list[int] = []
+    for peer, work in works:
+        if peer in late:
+            continue
+        try:
+            work.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except CommTimeoutError:
+            late.append(peer)
+    return late
+
+
+__all__ = ["late_peers", "poll"]
