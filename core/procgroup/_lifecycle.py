@@ -79,7 +79,7 @@ def init_process_group(
         st.world = Group(range(size), rank_, channel, spec, group_id=0)
         _state.state = st
         if "cpu" in _state.devices(st.world):
-            _ops.bind_world(channel)
+            _ops.bind_world(st.world)
         # a script that just ends still says goodbye, so its peers see "left", not "died"
         atexit.register(destroy_process_group)
         log.info("rank %d of %d joined the %s process group", rank_, size, spec.name)
@@ -239,6 +239,7 @@ def _close_quietly(store: Any) -> None:
 def _close_group(g: Group) -> None:
     for grp in (g.host_group, g):
         if grp is not None and grp.channel is not None:
+            grp.fast = None
             try:
                 grp.channel.close()
             except Exception:  # noqa: BLE001 - keep tearing down the rest
@@ -314,6 +315,8 @@ def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, ti
             spec, cls = load_channel_class(backend)
             channel = cls(ctx)
     g = Group(members, my_rank, channel, spec, gid)
+    if channel is not None and "cpu" in _state.devices(g):
+        _ops.bind_group(g)
     st.groups.append(g)
     return g
 
