@@ -57,6 +57,9 @@ def info(out: Any = None) -> None:
         state = "available" if reason is None else f"unavailable: {reason}"
         w(f"  {name:<{name_w}s}  {spec.distribution or '?':<{dist_w}s}  "
           f"devices={','.join(spec.devices):<{dev_w}s}  {state}\n")
+        detail = spec.detail() if reason is None else None
+        if detail:
+            w(f"  {'':<{name_w}s}  {detail}\n")
     w("\ncapabilities (native = backend's own, generic = core algorithm on its send/recv,\n"
       "staged = CUDA arrays copied through host memory, - = not supported):\n")
     names = list(found)

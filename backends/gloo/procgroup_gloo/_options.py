@@ -8,16 +8,22 @@ from typing import Any
 from procgroup.backend import env_choice
 from procgroup.errors import InvalidArgumentError
 
-#: all_reduce algorithm: "ring" (default) or "bcube".
+#: Which library drives gloo: "auto" (default: pygloo when importable, else torch),
+#: "pygloo" or "torch".
+ENV_ENGINE = "PROCGROUP_GLOO_ENGINE"
+#: all_reduce algorithm: "ring" (default) or "bcube" (pygloo engine only).
 ENV_ALGORITHM = "PROCGROUP_GLOO_ALGORITHM"
 #: "auto" (default), "always" or "never": check that every rank reached a collective
 #: before entering gloo, so procgroup's timeout holds where gloo's fixed one would not.
 ENV_ARRIVAL_CHECK = "PROCGROUP_GLOO_ARRIVAL_CHECK"
 
-#: gloo's context timeout. pygloo cannot change it (Context.setTimeout has no Python
-#: conversion for std::chrono), so any gloo call that waits longer than this fails.
+#: Below this channel timeout the arrival check is on by default. pygloo cannot change
+#: gloo's context timeout (Context.setTimeout has no Python conversion for std::chrono),
+#: so there any gloo call that waits longer than this fails; the torch engine gives gloo
+#: procgroup's timeout, and uses the same rule so that a short timeout names the late ranks.
 GLOO_TIMEOUT = 30.0
 
+ENGINES = ("pygloo", "torch")
 _ALGORITHMS = ("ring", "bcube")
 #: The spellings of arrival_check: auto, always, never, then their aliases.
 _ALWAYS = ("always", "1", "true", "yes")
@@ -33,12 +39,14 @@ def _choice(options: Mapping[str, Any], name: str, env: str, choices: tuple[str,
         raise InvalidArgumentError(f"gloo {what}: {exc}") from None
 
 
-def allreduce_algorithm(options: Mapping[str, Any]) -> Any:
-    """pygloo's allreduceAlgorithm chosen by option ``algorithm`` or $PROCGROUP_GLOO_ALGORITHM."""
-    import pygloo
+def engine(options: Mapping[str, Any]) -> str:
+    """The engine asked for by option ``engine`` or $PROCGROUP_GLOO_ENGINE: auto, pygloo or torch."""
+    return _choice(options, "engine", ENV_ENGINE, ("auto", *ENGINES), "auto", "engine")
 
-    value = _choice(options, "algorithm", ENV_ALGORITHM, _ALGORITHMS, "ring", "all_reduce algorithm")
-    return pygloo.allreduceAlgorithm.RING if value == "ring" else pygloo.allreduceAlgorithm.BCUBE
+
+def allreduce_algorithm(options: Mapping[str, Any]) -> str:
+    """"ring" or "bcube", chosen by option ``algorithm`` or $PROCGROUP_GLOO_ALGORITHM."""
+    return _choice(options, "algorithm", ENV_ALGORITHM, _ALGORITHMS, "ring", "all_reduce algorithm")
 
 
 def arrival_check(options: Mapping[str, Any], timeout: float) -> bool:
@@ -50,4 +58,5 @@ def arrival_check(options: Mapping[str, Any], timeout: float) -> bool:
     return value in _ALWAYS
 
 
-__all__ = ["ENV_ALGORITHM", "ENV_ARRIVAL_CHECK", "GLOO_TIMEOUT", "allreduce_algorithm", "arrival_check"]
+__all__ = ["ENGINES", "ENV_ALGORITHM", "ENV_ARRIVAL_CHECK", "ENV_ENGINE", "GLOO_TIMEOUT",
+           "allreduce_algorithm", "arrival_check", "engine"]

@@ -1,4 +1,8 @@
-"""GlooChannel: collectives through pygloo on the caller's memory, p2p on a host side channel.
+"""GlooChannel: gloo collectives on the caller's memory, p2p on a host side channel.
+
+The gloo calls go through an engine (_engine.py): pygloo where it is importable, else
+torch.distributed's ProcessGroupGloo (option ``engine`` / $PROCGROUP_GLOO_ENGINE picks
+one). Everything else is the channel's and the same on both engines.
 
 Why two transports: pygloo holds the GIL for the whole of every gloo call, and gloo's
 send blocks until the receiver has posted its recv (measured: a 16-byte send waits for
@@ -8,22 +12,22 @@ pairs the API promises would deadlock; and gloo's recv needs an explicit peer. S
 point-to-point (any-source, tags, timeouts, isend/irecv) runs on a side channel that
 the registry picks (``ctx.open_side_channel``: tcp), and collectives run on gloo, where
 every rank calls the same op in the same order and blocking in C++ is harmless. Ops
-gloo lacks (all_to_all; bitwise reductions; int16 and complex products) use the SDK's
-generic algorithms over that side channel.
+gloo lacks (all_to_all; some dtype x op pairs, per engine) use the SDK's generic
+algorithms over that side channel.
 
-Timeouts: gloo's own context timeout is fixed at 30 s (pygloo cannot set it). When the
+Timeouts: pygloo's context timeout is fixed at 30 s (torch's is procgroup's). When the
 channel's timeout is shorter, each collective first checks over the side channel that
 every rank arrived (option ``arrival_check``), so the caller's timeout holds and the
 error names the missing ranks; ``barrier`` always works that way. A failed gloo call
-closes this rank's gloo connections (peers blocked on it fail at once instead of after
-30 s) and breaks the channel.
+closes this rank's gloo connections where the engine can (peers blocked on it fail at
+once instead of after the timeout) and breaks the channel.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,22 +36,21 @@ from procgroup.backend import (
     DataChannel,
     Work,
     flat_view,
-    host_address,
     late_peers,
     poll,
 )
 from procgroup.errors import (
     BackendNotFoundError,
+    BackendUnavailableError,
     CommTimeoutError,
+    InvalidArgumentError,
     PeerError,
     ProcGroupError,
 )
 from procgroup.ops import ReduceOp
 
-from . import _options
-from ._dtypes import lower
-from ._memory import address, byte_view, landing, spread
-from ._rendezvous import connect_context, create_device
+from . import _engine, _options
+from ._memory import byte_view, landing, spread
 
 log = logging.getLogger(__name__)
 
@@ -65,18 +68,35 @@ def open_side_channel(ctx: ChannelContext) -> DataChannel:
     return ctx.open_side_channel(dataclasses.replace(ctx, options={**ctx.options, "shm": False}))
 
 
+def engine_class(options: Mapping[str, Any]) -> type[_engine.Engine]:
+    """The Engine to run for these options, imported now; BackendUnavailableError if none can."""
+    name, why = _engine.resolve(options)
+    if name is None:
+        raise BackendUnavailableError(f"backend 'gloo' cannot run here: {why}")
+    if name == "pygloo":
+        from ._engine_pygloo import PyglooEngine
+
+        return PyglooEngine
+    from ._engine_torch import TorchEngine
+
+    return TorchEngine
+
+
+class _PeerLost(RuntimeError):
+    """A member's side-channel connection dropped while this rank waited in gloo."""
+
+
 class GlooChannel(DataChannel):
-    """One gloo context (full mesh) plus the side channel it was rendezvoused over."""
+    """One gloo context (full mesh, through an engine) plus the side channel it was
+    rendezvoused over."""
 
     backend_name = "gloo"
 
     def __init__(self, ctx: ChannelContext, *, p2p: DataChannel | None = None, device: Any = None,
-                 root: DataChannel | None = None) -> None:
+                 root: DataChannel | None = None, engine: type[_engine.Engine] | None = None) -> None:
         super().__init__(ctx)
-        import pygloo
-
-        self._pg = pygloo
-        self._u8 = pygloo.glooDataType_t.glooUint8
+        self._engine_class = engine if engine is not None else engine_class(ctx.options)
+        self._table = self._engine_class.table
         self._algorithm = _options.allreduce_algorithm(ctx.options)
         self._check_arrival = _options.arrival_check(ctx.options, ctx.timeout)
         if p2p is None:
@@ -84,18 +104,61 @@ class GlooChannel(DataChannel):
         self._p2p = p2p
         self._root = root if root is not None else p2p  # the world's side channel
         self._device = device
-        self._context: Any = None
-        self._tag = 0
+        self._engine: _engine.Engine | None = None
         self._scratch = np.empty(0, dtype=np.uint8)  # reduce's output on non-roots, reused
         if ctx.size > 1:
             try:
-                if self._device is None:
-                    self._device = create_device(host_address(ctx))
-                self._context = connect_context(ctx, p2p, self._device, self.next_collective_tag())
+                if engine is None:  # a group inherits its world's engine, agreed on already
+                    self._agree_on_engine()
+                self._engine = self._engine_class.connect(
+                    ctx, p2p, device, self._algorithm, self._interrupt, self.next_collective_tag())
+                self._device = self._engine.device
             except BaseException:
                 p2p.close()
                 raise
-        log.debug("gloo channel rank %d/%d (group %d) ready", ctx.rank, ctx.size, ctx.group_id)
+        log.debug("gloo channel rank %d/%d (group %d) ready, engine %s", ctx.rank, ctx.size, ctx.group_id,
+                  self._engine_class.name)
+
+    @property
+    def engine(self) -> str:
+        """The engine that drives gloo here: "pygloo" or "torch"."""
+        return self._engine_class.name
+
+    def _agree_on_engine(self) -> None:
+        """Every member tells every other one its engine (side channel, one byte): a mix
+        would hang in the rendezvous, so it is an error naming the ranks that differ."""
+        mine = _options.ENGINES.index(self._engine_class.name)
+        tag = self.next_collective_tag()
+        peers = [r for r in range(self.size) if r != self.rank]
+        for peer in peers:
+            self._p2p.send(np.full(1, mine, dtype=np.uint8), peer, tag)
+        theirs = [(peer, np.zeros(1, dtype=np.uint8)) for peer in peers]
+        works = [(peer, self._p2p.irecv(buf, peer, tag)) for peer, buf in theirs]
+        late = late_peers(works, self.timeout)
+        if late:
+            who = ", ".join(f"rank {self.ctx.global_rank(r)}" for r in late)
+            raise CommTimeoutError(f"gloo: {who} did not start the gloo backend within {self.timeout}s",
+                                   op="init", ranks=[self.ctx.global_rank(r) for r in late])
+        other = [(self.ctx.global_rank(peer), _options.ENGINES[int(buf[0])]) for peer, buf in theirs
+                 if int(buf[0]) != mine]
+        if other:
+            who = ", ".join(f"rank {r} runs {name}" for r, name in other)
+            raise InvalidArgumentError(
+                f"gloo: every rank must use the same engine; this rank (rank {self.ctx.global_rank(self.rank)}) "
+                f"runs {self._engine_class.name}, but {who}: set {_options.ENV_ENGINE} (or the option "
+                f"'engine') to the same value on every rank")
+
+    def _interrupt(self) -> None:
+        """Called by an engine between slices of a wait: end it when the channel was
+        closed, or when the side channel lost a member of this group."""
+        if self._closed:
+            self.check_usable()
+        failure = self._root.failure
+        if failure is not None:
+            lost = getattr(failure, "rank", None)
+            members = self.ctx.global_ranks or tuple(range(self.size))
+            if lost is None or lost in members:
+                raise _PeerLost(str(failure))
 
     # ------------------------------------------------------------------ point to point
     # Both forms: the blocking one is the side channel's own blocking call, cheaper than
@@ -121,17 +184,15 @@ class GlooChannel(DataChannel):
         return self._p2p.irecv(array, src, tag)
 
     # ------------------------------------------------------------------ gloo calls
-    def _next_tag(self) -> int:
-        self._tag = (self._tag + 1) & 0xFFFFFFFF  # gloo tags are uint32
-        return self._tag
-
     def _call(self, op: str, fn: Callable[..., None], *args: Any) -> None:
-        """Run one pygloo collective; turn gloo's RuntimeError into procgroup's errors."""
+        """Run one engine collective; turn gloo's RuntimeError into procgroup's errors."""
         self.check_usable()
         if self._check_arrival:
             self._arrive(op)
         try:
-            fn(self._context, *args)
+            fn(*args)
+        except ProcGroupError:
+            raise
         except RuntimeError as exc:
             raise self._gloo_failed(op, exc) from exc
 
@@ -160,14 +221,23 @@ class GlooChannel(DataChannel):
             err = PeerError(f"{op}: {peer_error} (gloo: {detail})", rank=getattr(peer_error, "rank", None))
         elif "timed out" in detail.lower() or "timeout" in detail.lower():
             err = CommTimeoutError(
-                f"{op}: gloo made no progress within its fixed {_options.GLOO_TIMEOUT:g}s context timeout "
-                f"(a rank did not join, or is stuck; to wait up to the procgroup timeout instead, set "
-                f"{_options.ENV_ARRIVAL_CHECK}=always): {detail}", op=op,
+                f"{op}: gloo made no progress within {self._gloo_timeout()} (a rank did not join, or "
+                f"is stuck{self._timeout_hint()}): {detail}", op=op,
             )
         else:
             err = PeerError(f"{op}: gloo failed: {detail}")
         self.fail(err)
         return err
+
+    def _gloo_timeout(self) -> str:
+        if self._engine_class.name == "pygloo":
+            return f"its fixed {_options.GLOO_TIMEOUT:g}s context timeout"
+        return f"the timeout of {self.timeout:g}s"
+
+    def _timeout_hint(self) -> str:
+        if self._engine_class.name == "pygloo":
+            return f"; to wait up to the procgroup timeout instead, set {_options.ENV_ARRIVAL_CHECK}=always"
+        return f"; to have the late ranks named, set {_options.ENV_ARRIVAL_CHECK}=always"
 
     def _side_channel_failure(self) -> BaseException | None:
         """The side channel's record of a peer that dropped without goodbye, if it has one
@@ -180,12 +250,17 @@ class GlooChannel(DataChannel):
         return root.failure
 
     def _close_gloo(self) -> None:
-        context, self._context = self._context, None
-        if context is not None:
-            try:
-                context.closeConnections()
-            except RuntimeError:
-                log.debug("gloo closeConnections failed", exc_info=True)
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
+
+    def _gloo(self) -> _engine.Engine:
+        """The engine; only None after a failure or close, which check_usable reports first."""
+        engine = self._engine
+        if engine is None:
+            self.check_usable()
+            raise PeerError("gloo: the gloo context is closed")
+        return engine
 
     def _scratch_like(self, a: np.ndarray) -> np.ndarray:
         """A buffer shaped like ``a``: reused up to :data:`_SCRATCH_LIMIT` bytes (gloo calls
@@ -201,34 +276,28 @@ class GlooChannel(DataChannel):
     def do_broadcast(self, array: Any, src: int) -> None:
         if self.size == 1 or array.nbytes == 0:
             return
-        b = byte_view(array)
-        p = address(b)
-        self._call("broadcast", self._pg.broadcast, p, p, b.size, self._u8, src, self._next_tag())
+        self._call("broadcast", self._gloo().broadcast, byte_view(array), src)
 
     def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
         if self.size == 1 or array.size == 0:
             return
-        plan = lower(array.dtype, op)
+        plan = self._table.lower(array.dtype, op)
         if plan is None:
             return super().do_all_reduce(array, op)
-        a = array if plan.view is None else flat_view(array, plan.view)
-        p = address(a)
-        self._call("all_reduce", self._pg.allreduce, p, p, a.size, plan.dtype, plan.op,
-                   self._algorithm, self._next_tag())
+        self._call("all_reduce", self._gloo().all_reduce, flat_view(array, plan.view), plan)
         if plan.divide:
             array /= self.size
 
     def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
         if self.size == 1 or array.size == 0:
             return
-        plan = lower(array.dtype, op)
+        plan = self._table.lower(array.dtype, op)
         if plan is None:
             return super().do_reduce(array, dst, op)
         a = flat_view(array, plan.view)
-        # gloo accumulates into the output on every rank: non-roots keep their array intact
-        out = a if self.rank == dst else self._scratch_like(a)
-        self._call("reduce", self._pg.reduce, address(a), address(out), a.size, plan.dtype,
-                   plan.op, dst, self._next_tag())
+        # gloo writes into the output on every rank: non-roots keep their array intact
+        scratch = None if self.rank == dst else self._scratch_like(a)
+        self._call("reduce", self._gloo().reduce, a, scratch, plan, dst)
         if self.rank == dst and plan.divide:
             array /= self.size
 
@@ -239,8 +308,7 @@ class GlooChannel(DataChannel):
         if n == 0:
             return
         dest, staged = landing(output_list, n)
-        self._call("all_gather", self._pg.allgather, address(byte_view(array)), address(dest), n, self._u8,
-                   self._next_tag())
+        self._call("all_gather", self._gloo().all_gather, byte_view(array), dest)
         if staged:
             spread(dest, output_list, n)
 
@@ -250,38 +318,30 @@ class GlooChannel(DataChannel):
         n = array.nbytes
         if n == 0:
             return
-        src = byte_view(array)
-        dest, staged = landing(gather_list, n) if self.rank == dst and gather_list is not None else (src, False)
-        self._call("gather", self._pg.gather, address(src), address(dest), n, self._u8, dst, self._next_tag())
-        if staged and gather_list is not None:
+        root = self.rank == dst and gather_list is not None
+        dest, staged = landing(gather_list, n) if root and gather_list is not None else (None, False)
+        self._call("gather", self._gloo().gather, byte_view(array), dest, dst)
+        if staged and dest is not None and gather_list is not None:
             spread(dest, gather_list, n)
 
     def do_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
         if self.size == 1:
             return super().do_scatter(array, scatter_list, src)
-        n = array.nbytes
-        if n == 0:
+        if array.nbytes == 0:
             return
-        out = byte_view(array)
-        if self.rank == src and scatter_list is not None:
-            inputs = [address(byte_view(a)) for a in scatter_list]
-        else:
-            inputs = [address(out)] * self.size  # ignored by gloo off the root
-        self._call("scatter", self._pg.scatter, inputs, address(out), n, self._u8, src, self._next_tag())
+        inputs = [byte_view(a) for a in scatter_list] if self.rank == src and scatter_list is not None else None
+        self._call("scatter", self._gloo().scatter, inputs, byte_view(array), src)
 
     def do_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
         if self.size == 1 or output.size == 0:
             return super().do_reduce_scatter(output, input_list, op)
-        plan = lower(output.dtype, op)
+        plan = self._table.lower(output.dtype, op)
         if plan is None:
             return super().do_reduce_scatter(output, input_list, op)
         out = flat_view(output, plan.view)
-        n = out.size
         # pygloo copies the input into a buffer of its own anyway; join the list only if needed
         joined, _ = landing(input_list, output.nbytes, fill=True)
-        whole = joined.view(out.dtype)
-        self._call("reduce_scatter", self._pg.reduce_scatter, address(whole), address(out), n * self.size,
-                   [n] * self.size, plan.dtype, plan.op)
+        self._call("reduce_scatter", self._gloo().reduce_scatter, joined.view(out.dtype), out, plan)
         if plan.divide:
             output /= self.size
 
@@ -302,7 +362,7 @@ class GlooChannel(DataChannel):
         """A gloo context of the group's own, its keys exchanged over the side channel."""
         self._check_open()
         sub = self._p2p.new_group(list(ranks), ctx)
-        return GlooChannel(ctx, p2p=sub, device=self._device, root=self._root)
+        return GlooChannel(ctx, p2p=sub, device=self._device, root=self._root, engine=self._engine_class)
 
     # ------------------------------------------------------------------ teardown
     def do_close(self) -> None:
@@ -310,4 +370,4 @@ class GlooChannel(DataChannel):
         self._p2p.close()
 
 
-__all__ = ["GlooChannel", "open_side_channel"]
+__all__ = ["GlooChannel", "engine_class", "open_side_channel"]

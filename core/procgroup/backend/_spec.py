@@ -32,6 +32,10 @@ def _runs_everywhere() -> str | None:
     return None
 
 
+def _no_detail() -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class BackendSpec:
     """What a plugin says about one backend; frozen so the registry can hand it out."""
@@ -45,6 +49,9 @@ class BackendSpec:
     #: Returns None when the backend can run here, else the reason it cannot.
     unavailable: Callable[[], str | None] = _runs_everywhere
     description: str = ""
+    #: One line ``python -m procgroup info`` prints under an available backend, e.g.
+    #: which engine runs it and why (gloo: pygloo or torch); None prints nothing.
+    detail: Callable[[], str | None] = _no_detail
     #: > 0: the backend can serve as the host side channel of other backends (a CPU
     #: point-to-point channel over any members of a Store); the highest wins.
     side_channel: int = 0
