@@ -134,15 +134,29 @@ def test_mpi_without_detail_nothing_is_checked(level: str | None) -> None:
 
 
 # ------------------------------------------------------------------ gloo
-def test_gloo_mismatch_matrix() -> None:
-    pytest.importorskip("pygloo", reason="pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux")
-    results = spawn(_matrix, 3, "gloo", env=DETAIL, timeout=30, job_timeout=200)
+def _gloo_engine(name: str) -> dict[str, str]:
+    """The environment that picks gloo engine ``name``; skips when it is not installed."""
+    import importlib.util
+
+    module, reason = {"pygloo": ("pygloo", "pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux"),
+                      "torch": ("torch", "torch is not installed (pip install procgroup-gloo[torch])")}[name]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"gloo engine {name}: {reason}")
+    return {"PROCGROUP_GLOO_ENGINE": name}
+
+
+GLOO_ENGINES = pytest.mark.parametrize("engine", ["pygloo", "torch"])
+
+
+@GLOO_ENGINES
+def test_gloo_mismatch_matrix(engine: str) -> None:
+    results = spawn(_matrix, 3, "gloo", env={**DETAIL, **_gloo_engine(engine)}, timeout=30, job_timeout=200)
     _check_matrix(results)
 
 
-def test_gloo_without_detail_nothing_is_checked() -> None:
-    pytest.importorskip("pygloo", reason="pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux")
-    results = spawn(_unchecked, 2, "gloo", timeout=30)
+@GLOO_ENGINES
+def test_gloo_without_detail_nothing_is_checked(engine: str) -> None:
+    results = spawn(_unchecked, 2, "gloo", env=_gloo_engine(engine), timeout=30)
     assert [r["checked"] for r in results] == [False, False]
 
 
@@ -158,10 +172,10 @@ def _bad_level(rank: int, size: int) -> str:
     return "no error"
 
 
-def test_bad_debug_level_is_an_error(tmp_path: Any) -> None:
-    pytest.importorskip("pygloo", reason="pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux")
+@GLOO_ENGINES
+def test_bad_debug_level_is_an_error(tmp_path: Any, engine: str) -> None:
     (msg,) = spawn(_bad_level, 1, "gloo", init=False,
-                   env={"PROCGROUP_DEBUG": "verbose", "PG_URL": f"file://{tmp_path}/rdv"})
+                   env={"PROCGROUP_DEBUG": "verbose", "PG_URL": f"file://{tmp_path}/rdv", **_gloo_engine(engine)})
     assert "PROCGROUP_DEBUG" in msg and "detail" in msg, msg
 
 
