@@ -46,11 +46,12 @@ def main(argv: list[str]) -> None:
     import procgroup as pg
     import pygloo
 
-    pg.init_process_group("gloo")
+    pg.init_process_group("gloo", options={"engine": "pygloo"})
     channel = pg.group_channel()
-    context = channel._context  # the channel's own gloo context: same transport for both
+    engine = channel._engine  # the channel's own gloo context: same transport for both
+    context = engine.context
     f32 = pygloo.glooDataType_t.glooFloat32
-    algorithm = channel._algorithm  # the one procgroup uses ($PROCGROUP_GLOO_ALGORITHM)
+    algorithm = engine.algorithm  # the one procgroup uses ($PROCGROUP_GLOO_ALGORITHM)
 
     def raw(a: np.ndarray) -> None:
         p = a.ctypes.data

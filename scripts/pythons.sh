@@ -15,7 +15,7 @@ procgroup_venv() {
 # procgroup_python_why X.Y: why the development environment wants that version.
 procgroup_python_why() {
   case "$1" in
-    3.10) echo "CPython 3.10 is the pygloo leg: pygloo (the gloo backend) publishes wheels only for CPython 3.8-3.10." ;;
+    3.10) echo "CPython 3.10 is the pygloo leg: pygloo (one of the gloo backend's engines) publishes wheels only for CPython 3.8-3.10." ;;
     3.13) echo "CPython 3.13 is the default leg: the newest CPython procgroup supports." ;;
     *) echo "CPython $1 was asked for (arguments or PROCGROUP_TEST_PYTHONS)." ;;
   esac

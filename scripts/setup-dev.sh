@@ -5,7 +5,7 @@
 #
 # Versions (X.Y): the arguments, else $PROCGROUP_TEST_PYTHONS, else "3.13 3.10":
 #   3.13 -> .venv313  the newest CPython procgroup supports: the default environment
-#   3.10 -> .venv     the pygloo leg: pygloo (the gloo backend) has CPython 3.8-3.10 wheels only
+#   3.10 -> .venv     the pygloo leg: pygloo (a gloo engine) has CPython 3.8-3.10 wheels only
 #   X.Y  -> .venvXY   any other version
 # Each interpreter is found by scripts/find-python.sh (PATH, then pyenv; override with
 # PROCGROUP_PYTHON_3_13=/path/to/python3.13 and so on); a missing one is an error that
@@ -34,14 +34,26 @@ for ver in "${versions[@]}"; do
   pip=("$venv/bin/python" -m pip)
   "${pip[@]}" install -q --upgrade pip
   "${pip[@]}" install -q -e ".[test]" -e backends/tcp
-  # mpi brings the mpich wheel (a working mpiexec from pip alone). gloo installs on every
-  # version, but its pygloo dependency only where pygloo has wheels (CPython 3.8-3.10,
-  # x86-64 Linux): elsewhere gloo is listed as unavailable and its tests skip, saying why.
+  # mpi brings the mpich wheel (a working mpiexec from pip alone). gloo has two engines:
+  # pygloo, a dependency only where it has wheels (CPython 3.8-3.10, x86-64 Linux), and
+  # torch's ProcessGroupGloo (the [torch] extra, every version): with both, the gloo tests
+  # run on each engine. torch installs as the CUDA build (about 5 GB, 2 minutes here, see
+  # docs/install.md); PROCGROUP_DEV_TORCH=0 leaves it out (then gloo runs on pygloo alone,
+  # and on 3.11+ its tests skip, saying why).
   # nccl brings cupy and the NCCL runtime wheels: without a GPU the backend is listed as
   # unavailable, and its tests that need no GPU still run.
   [ -f backends/mpi/pyproject.toml ] && "${pip[@]}" install -q -e "backends/mpi[mpich]"
-  [ -f backends/gloo/pyproject.toml ] && "${pip[@]}" install -q -e backends/gloo
+  if [ -f backends/gloo/pyproject.toml ]; then
+    if [ "${PROCGROUP_DEV_TORCH:-1}" = 0 ]; then
+      "${pip[@]}" install -q -e backends/gloo
+    else
+      "${pip[@]}" install -q -e "backends/gloo[torch]"
+    fi
+  fi
   [ -f backends/nccl/pyproject.toml ] && "${pip[@]}" install -q -e "backends/nccl[cuda]"
-  gloo=$("$venv/bin/python" -c 'import pygloo' >/dev/null 2>&1 && echo "with pygloo" || echo "without pygloo")
-  echo "procgroup dev environment ready: $("$venv/bin/python" --version) in $venv ($gloo)"
+  engines=$("$venv/bin/python" -c '
+import importlib.util as u
+found = [m for m in ("pygloo", "torch") if u.find_spec(m)]
+print("gloo engines: " + (", ".join(found) or "none"))' 2>/dev/null || echo "gloo engines: unknown")
+  echo "procgroup dev environment ready: $("$venv/bin/python" --version) in $venv ($engines)"
 done

@@ -160,5 +160,4 @@ def _version(module: str) -> str:
         return "(version unknown)"
 
 
-__all__ = ["Engine", "PYGLOO_WHEELS", "TORCH_HINT", "describe", "resolve",
-           "unavailable_reason", "why_not"]
+__all__ = ["PYGLOO_WHEELS", "TORCH_HINT", "Engine", "describe", "resolve", "unavailable_reason", "why_not"]

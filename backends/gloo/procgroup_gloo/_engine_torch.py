@@ -141,9 +141,12 @@ class TorchEngine(Engine):
                 work.wait(_SLICE)
                 break
             except RuntimeError:
-                if work.is_completed():  # the op itself failed: the channel names why
+                if work.is_completed():
+                    # the slice ran out as the op ended, or the op failed: ask the Work
+                    # itself (it returns, or raises the op's own error for the channel)
                     self._pending = None
-                    raise
+                    work.wait()
+                    return
             self._interrupt()
         self._pending = None
 
