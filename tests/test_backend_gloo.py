@@ -284,7 +284,7 @@ def test_torch_gloo_timeout_is_procgroups() -> None:
 
 
 @pytest.mark.skipif(not (HAVE["pygloo"] and HAVE["torch"]),
-                    reason="needs pygloo and torch in one environment (pygloo: CPython <= 3.10; torch here: 3.11)")
+                    reason="needs pygloo and torch in one environment (pygloo has wheels for CPython 3.8-3.10 only)")
 def test_ranks_on_different_engines_get_a_clear_error(tmp_path: Path) -> None:
     results = spawn(_mixed_engines, 2, "gloo", init=False, timeout=20.0, job_timeout=120.0,
                     env={"PG_URL": f"file://{tmp_path}/rdv"})

@@ -214,6 +214,8 @@ class GlooChannel(DataChannel):
     def _gloo_failed(self, op: str, exc: RuntimeError) -> ProcGroupError:
         """Break the channel after a gloo error; name the dead peer when the side channel knows it."""
         detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, _PeerLost):  # the side channel saw it first; gloo's op was abandoned
+            detail = "the op was abandoned"
         self._close_gloo()  # peers blocked on this rank now fail at once
         peer_error = self._side_channel_failure()
         err: ProcGroupError
