@@ -1,17 +1,19 @@
-"""all_reduce through procgroup-gloo vs raw pygloo vs torch.distributed's gloo, side by side.
+"""all_reduce through procgroup-gloo on each engine vs raw pygloo vs torch.distributed's gloo.
 
-Usage (from the repository root, dev venv; torch comes from .venv-bench, see
-scripts/setup-bench-venv.sh, because torch 2.13 has CPU wheels for CPython 3.11 while
-pygloo has them only for 3.8-3.10)::
+Usage (from the repository root, dev venv with pygloo; the torch contenders run in a
+Python with torch: --torch-python, else .venv313, .venv-bench, .venv-torch, the first
+whose torch has gloo; the newest torch is the baseline, its version is printed)::
 
     .venv/bin/python bench/gloo_compare.py                 # 8 B, 4 MiB, 64 MiB; 2 ranks
     .venv/bin/python bench/gloo_compare.py --rounds 5 --markdown
 
-Each contender runs as its own 2-rank job (real processes on loopback, file://
+Contenders: procgroup-gloo on the pygloo engine (this Python), procgroup-gloo on the
+torch engine (the torch Python), raw pygloo (this Python) and torch.distributed's gloo
+(the torch Python). Each runs as its own 2-rank job (real processes on loopback, file://
 rendezvous), in place on float32 arrays, ring algorithm; rounds alternate the
-contenders so a noisy neighbour hurts all three alike. Per size we report the median
-time of one all_reduce on rank 0 (best round), the algorithm bandwidth (bytes/time)
-and procgroup-gloo's speed relative to raw pygloo (1.00 = same; goal >= 0.95).
+contenders so a noisy neighbour hurts all alike. Per size we report the median time of
+one all_reduce on rank 0 (best round), the algorithm bandwidth (bytes/time) and each
+engine's speed relative to the library it drives (1.00 = same).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"8 B": 8, "4 MiB": 4 << 20, "64 MiB": 64 << 20}
-CONTENDERS = ("procgroup-gloo", "pygloo", "torch-gloo")
+CONTENDERS = ("procgroup-gloo", "procgroup-gloo-torch", "pygloo", "torch-gloo")
+#: The gloo engine each procgroup contender runs on ($PROCGROUP_GLOO_ENGINE).
+ENGINE = {"procgroup-gloo": "pygloo", "procgroup-gloo-torch": "torch"}
 
 
 def _iterations(nbytes: int) -> tuple[int, int]:
@@ -109,7 +113,8 @@ def _worker_torch(rank: int, size: int, rdv: str, sizes: list[int]) -> dict[int,
         dist.destroy_process_group()
 
 
-WORKERS = {"procgroup-gloo": _worker_procgroup, "pygloo": _worker_pygloo, "torch-gloo": _worker_torch}
+WORKERS = {"procgroup-gloo": _worker_procgroup, "procgroup-gloo-torch": _worker_procgroup,
+           "pygloo": _worker_pygloo, "torch-gloo": _worker_torch}
 
 
 def _worker_main(argv: list[str]) -> None:
@@ -124,7 +129,11 @@ def _run_job(kind: str, python: str, sizes: list[int], ranks: int, timeout: floa
     tmp = tempfile.mkdtemp(prefix=f"gloo-bench-{kind}-")
     try:
         rdv = os.path.join(tmp, "rdv")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "core"), os.environ.get("PYTHONPATH", "")]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "core"), str(ROOT / "backends" / "tcp"),
+                                                           str(ROOT / "backends" / "gloo"),
+                                                           os.environ.get("PYTHONPATH", "")]))
+        if kind in ENGINE:
+            env["PROCGROUP_GLOO_ENGINE"] = ENGINE[kind]
         cmd = [python, str(Path(__file__).resolve()), "--worker", kind]
         procs = [subprocess.Popen(cmd + [str(r), str(ranks), rdv, ",".join(map(str, sizes))], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(ranks)]
@@ -146,8 +155,8 @@ def _run_job(kind: str, python: str, sizes: list[int], ranks: int, timeout: floa
 
 
 def _torch_python(given: str | None) -> str | None:
-    for cand in ([given] if given else []) + [str(ROOT / ".venv-bench" / "bin" / "python"),
-                                               str(ROOT / ".venv-torch" / "bin" / "python")]:
+    for cand in ([given] if given else []) + [str(ROOT / v / "bin" / "python")
+                                               for v in (".venv313", ".venv-bench", ".venv-torch")]:
         if cand and os.path.exists(cand):
             ok = subprocess.run([cand, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
                                 capture_output=True, timeout=120, check=False).returncode == 0
@@ -170,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         _worker_main(args[1:])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the three contenders")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the contenders")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--torch-python", help="a Python with torch (default: .venv-bench, then .venv-torch)")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
@@ -178,7 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     opts = ap.parse_args(args)
 
     sizes = list(SIZES.values())
-    pythons = {"procgroup-gloo": sys.executable, "pygloo": sys.executable, "torch-gloo": _torch_python(opts.torch_python)}
+    torch_py = _torch_python(opts.torch_python)
+    here = sys.executable if _has(sys.executable, "pygloo") else None
+    pythons = {"procgroup-gloo": here, "procgroup-gloo-torch": torch_py, "pygloo": here, "torch-gloo": torch_py}
+    for name, py in (("pygloo", here), ("torch", torch_py)):
+        if py is not None:
+            print(f"# {name} {_module_version(py, name)} (Python {_module_version(py, 'sys')}: {py})")
     runs: dict[str, list[dict[int, list[float]]]] = {k: [] for k in CONTENDERS}
     for rnd in range(opts.rounds):
         for kind in CONTENDERS:
@@ -191,19 +205,36 @@ def main(argv: list[str] | None = None) -> int:
         kind: {n: min(statistics.median(r[n]) for r in rs) for n in sizes} for kind, rs in runs.items() if rs
     }
     _print_table(best, opts.markdown, opts.ranks, opts.rounds)
-    if pythons["torch-gloo"] is None:
-        print("torch-gloo skipped: no Python with torch found (run scripts/setup-bench-venv.sh)", file=sys.stderr)
+    if torch_py is None:
+        print("torch contenders skipped: no Python with torch found (scripts/setup-dev.sh 3.13)", file=sys.stderr)
+    if here is None:
+        print("pygloo contenders skipped: pygloo is not importable here (use the 3.10 venv)", file=sys.stderr)
     return 0
+
+
+def _has(python: str, module: str) -> bool:
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", code], capture_output=True, timeout=120, check=False).returncode == 0
+
+
+def _module_version(python: str, module: str) -> str:
+    code = ("import platform; print(platform.python_version())" if module == "sys"
+            else f"import {module}; print(getattr({module}, '__version__', '?'))")
+    if module == "pygloo":
+        code = "from importlib import metadata; print(metadata.version('pygloo'))"
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    return proc.stdout.strip() or "?"
 
 
 def _print_table(best: dict[str, dict[int, float]], markdown: bool, ranks: int, rounds: int) -> None:
     kinds = [k for k in CONTENDERS if k in best]
-    head = ["size"] + [f"{k} (median, bandwidth)" for k in kinds] + ["procgroup-gloo / pygloo speed"]
+    pairs = [(ours, raw) for ours, raw in (("procgroup-gloo", "pygloo"), ("procgroup-gloo-torch", "torch-gloo"))
+             if {ours, raw} <= best.keys()]
+    head = ["size"] + [f"{k} (median, bandwidth)" for k in kinds] + [f"{o} / {r} speed" for o, r in pairs]
     rows = []
     for label, n in SIZES.items():
         cells = [label] + [f"{_fmt_time(best[k][n])}, {_fmt_bw(n, best[k][n])}" for k in kinds]
-        ratio = best["pygloo"][n] / best["procgroup-gloo"][n] if {"pygloo", "procgroup-gloo"} <= best.keys() else float("nan")
-        rows.append(cells + [f"{ratio:.2f}x"])
+        rows.append(cells + [f"{best[r][n] / best[o][n]:.2f}x" for o, r in pairs])
     print(f"all_reduce SUM float32 in place, {ranks} ranks on one host, ring; best of {rounds} rounds' medians")
     if markdown:
         print("| " + " | ".join(head) + " |")
