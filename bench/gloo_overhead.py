@@ -1,13 +1,15 @@
-"""procgroup's gloo backend vs raw pygloo on the same gloo context: what procgroup adds.
+"""procgroup's gloo backend vs its raw engine on the same gloo context: what procgroup adds.
 
 Run from the repository root with the dev venv (re-launches itself as 2 ranks through
 procgroup-run when started plainly)::
 
     .venv/bin/python bench/gloo_overhead.py [--rounds 15] [--small-iters 300]
+    .venv313/bin/python bench/gloo_overhead.py --engine torch
 
 Both contenders run in one job, on one gloo context (the channel's own), interleaved
-round by round so machine noise hits them alike: raw ``pygloo.allreduce`` on the
-array's pointer, and ``procgroup.all_reduce`` (the core's checks + the backend). Sizes
+round by round so machine noise hits them alike: the raw engine call (``pygloo.allreduce``
+on the array's pointer, or ``ProcessGroupGloo.allreduce`` on a tensor over it, then
+``wait()``), and ``procgroup.all_reduce`` (the core's checks + the backend). Sizes
 8 B, 4 MiB and 64 MiB of float32, with the channel's all_reduce algorithm (ring unless
 $PROCGROUP_GLOO_ALGORITHM says bcube). Rank 0 prints medians over rounds and
 procgroup's speed relative to raw pygloo (1.00 = same; the goal is >= 0.95) as Markdown.
@@ -21,6 +23,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from _interleave import interleaved_medians  # bench/ is sys.path[0] for a script run from it
 
@@ -38,29 +41,25 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=15, help="rounds per size (median over rounds)")
     parser.add_argument("--small-iters", type=int, default=300, help="calls per round at 8 B")
     parser.add_argument("--large-iters", type=int, default=3, help="calls per round at 4 and 64 MiB")
+    parser.add_argument("--engine", choices=("pygloo", "torch"), default="pygloo", help="the gloo engine")
     args = parser.parse_args(argv)
     if "RANK" not in os.environ:
         sys.exit(_relaunch(argv))
 
     import numpy as np
     import procgroup as pg
-    import pygloo
 
-    pg.init_process_group("gloo", options={"engine": "pygloo"})
+    pg.init_process_group("gloo", options={"engine": args.engine})
     channel = pg.group_channel()
     engine = channel._engine  # the channel's own gloo context: same transport for both
-    context = engine.context
-    f32 = pygloo.glooDataType_t.glooFloat32
-    algorithm = engine.algorithm  # the one procgroup uses ($PROCGROUP_GLOO_ALGORITHM)
-
-    def raw(a: np.ndarray) -> None:
-        p = a.ctypes.data
-        pygloo.allreduce(context, p, p, a.size, f32, pygloo.ReduceOp.SUM, algorithm)
+    raw = _raw_pygloo(engine) if args.engine == "pygloo" else _raw_torch(engine)
+    algorithm = channel._algorithm  # the one procgroup uses ($PROCGROUP_GLOO_ALGORITHM)
 
     def ours(a: np.ndarray) -> None:
         pg.all_reduce(a)
 
-    variants: dict[str, Callable[[np.ndarray], None]] = {"raw pygloo": raw, "procgroup gloo": ours}
+    raw_name = f"raw {args.engine}"
+    variants: dict[str, Callable[[np.ndarray], None]] = {raw_name: raw, "procgroup gloo": ours}
     rows = []
     for nbytes, label in SIZES:
         a = np.zeros(nbytes // 4, dtype=np.float32)  # zeros: sums stay zeros, no overflow
@@ -68,16 +67,46 @@ def main(argv: list[str]) -> None:
         rows.append((label, nbytes, interleaved_medians(variants, a, rounds=args.rounds, iters=iters,
                                                         barrier=pg.barrier)))
     if pg.get_rank() == 0:
-        print(f"# all_reduce SUM float32, 2 ranks, one gloo context, {algorithm.name.lower()}, arrival check "
+        from importlib import metadata
+
+        print(f"# all_reduce SUM float32, 2 ranks, one gloo context, engine {args.engine} "
+              f"{metadata.version(args.engine)}, {algorithm}, arrival check "
               f"{'on' if channel._check_arrival else 'off'}; median of {args.rounds} rounds")
-        print("| size | raw pygloo | procgroup gloo | procgroup / raw speed |")
+        print(f"| size | {raw_name} | procgroup gloo | procgroup / raw speed |")
         print("|---|---|---|---|")
         for label, nbytes, med in rows:
             def fmt(s: float, small: bool = nbytes <= 8) -> str:
                 return f"{s * 1e6:.1f} us" if small else f"{s * 1e3:.2f} ms"
-            print(f"| {label} | {fmt(med['raw pygloo'])} | {fmt(med['procgroup gloo'])} | "
-                  f"{med['raw pygloo'] / med['procgroup gloo']:.2f}x |")
+            print(f"| {label} | {fmt(med[raw_name])} | {fmt(med['procgroup gloo'])} | "
+                  f"{med[raw_name] / med['procgroup gloo']:.2f}x |")
     pg.destroy_process_group()
+
+
+def _raw_pygloo(engine: Any) -> Callable[[Any], None]:
+    import pygloo
+
+    context, algorithm = engine.context, engine.algorithm
+    f32 = pygloo.glooDataType_t.glooFloat32
+
+    def raw(a: Any) -> None:
+        p = a.ctypes.data
+        pygloo.allreduce(context, p, p, a.size, f32, pygloo.ReduceOp.SUM, algorithm)
+
+    return raw
+
+
+def _raw_torch(engine: Any) -> Callable[[Any], None]:
+    import torch
+    import torch.distributed as dist
+
+    group = engine._group  # the channel's own ProcessGroupGloo
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+
+    def raw(a: Any) -> None:
+        group.allreduce([torch.from_numpy(a)], opts).wait()
+
+    return raw
 
 
 if __name__ == "__main__":

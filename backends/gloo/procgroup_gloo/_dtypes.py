@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from procgroup.backend import ReduceTable
 from procgroup.ops import ReduceOp
 
@@ -51,12 +52,12 @@ PYGLOO = ReduceTable(
 
 
 def _resolve_torch(name: str) -> Any:
-    """torch's ReduceOp for an op entry (``SUM``); dtype entries stay NumPy dtype names."""
+    """torch's ReduceOp for an op entry (``SUM``); a NumPy dtype for a dtype entry."""
     if name.isupper():
         from torch.distributed import ReduceOp as TorchReduceOp
 
         return getattr(TorchReduceOp, name)
-    return name
+    return np.dtype(name)
 
 
 _NUMERIC = {ReduceOp.SUM: "SUM", ReduceOp.PRODUCT: "PRODUCT", ReduceOp.MIN: "MIN", ReduceOp.MAX: "MAX"}

@@ -91,9 +91,10 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a)
 
 
-def _as(a: np.ndarray, dtype: str) -> np.ndarray:
-    """``a`` viewed as the NumPy dtype the table chose (uint32 -> int32), no copy."""
-    return a if a.dtype.name == dtype else a.view(dtype)
+def _as(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` viewed as the NumPy dtype the table chose (uint32 -> int32), no copy.
+    (Built-in dtypes are singletons: the identity test is the cheap common case.)"""
+    return a if a.dtype is dtype else a.view(dtype)
 
 
 class TorchEngine(Engine):
