@@ -14,8 +14,9 @@ variant, all_reduce and broadcast). Each all_reduce point is written as
 and alpha, beta come from least squares on the relative error (every row divided by its
 measured time, so 8 B and 64 MiB weigh alike). ``--local``: runs on one host (any
 number of ranks), fitted per rank count as ``T = alpha_n + S*beta_n``. ``--socket``: a
-2-rank run of the socket path on loopback; its 64 MiB all_reduce gives the fastest rate
-one rank's Python socket path reaches here, which bounds beta on fast links.
+2-rank run of the socket path on loopback; its all_reduce gives the fastest rate
+one rank's Python socket path reaches here, which bounds beta on fast links (the
+all_reduce size with the most bytes per second, 1 MiB or more).
 
 Then the model is evaluated on paper for 64 and 1024 hosts on ``--link-gbit`` links:
 alpha = the fitted software part of alpha (alpha minus the simulated wire delay) plus
@@ -94,10 +95,37 @@ def rabenseifner_terms(n: int, nbytes: float) -> tuple[float, float]:
     return 2 * k, 2 * (n - 1) / n * nbytes
 
 
+def tree_children(vr: int, n: int) -> list[int]:
+    """Children of virtual rank ``vr`` in procgroup's binomial-tree broadcast (algorithms/tree.py)."""
+    mask = 1
+    while mask < n and not vr & mask:
+        mask <<= 1
+    mask >>= 1
+    out = []
+    while mask > 0:
+        if vr + mask < n:
+            out.append(vr + mask)
+        mask >>= 1
+    return out
+
+
 def tree_bcast_terms(n: int, nbytes: float) -> tuple[float, float]:
-    """procgroup's binomial-tree broadcast: ceil(log2 n) rounds of the whole message."""
-    k = math.ceil(math.log2(n))
-    return k, k * nbytes
+    """procgroup's binomial-tree broadcast: the whole message down ceil(log2 n) levels.
+
+    A parent sends to all its children at once (isend), so they share its uplink: c
+    children all have the message c*S*beta after their parent had it. The critical path
+    is the latest rank: for n = 2^k that is k(k+1)/2 * S * beta, not k * S * beta.
+    """
+    done = {0: (0, 0.0)}  # virtual rank -> (levels, bytes on its path)
+    todo = [0]
+    while todo:
+        vr = todo.pop()
+        kids = tree_children(vr, n)
+        levels, moved = done[vr]
+        for kid in kids:
+            done[kid] = (levels + 1, moved + len(kids) * nbytes)
+            todo.append(kid)
+    return max(done.values(), key=lambda t: (t[1], t[0]))
 
 
 def scatter_allgather_bcast_terms(n: int, nbytes: float) -> tuple[float, float]:
@@ -153,13 +181,18 @@ def report_sim(points: list[Point], delay_s: float) -> tuple[float, float]:
         )
     bc = [p for p in points if p.op == "broadcast"]
     if bc:
-        print(
-            "\n| hosts | size | broadcast measured | binomial-tree model (same alpha, beta) | model / measured |"
+        b_alpha, b_beta = fit(
+            [(*tree_bcast_terms(p.n, p.nbytes), p.seconds) for p in bc]
         )
+        print(
+            f"\n## Simulated cluster, broadcast (binomial tree, own fit): alpha = {b_alpha * 1e6:.1f} us, "
+            f"beta = {b_beta * 1e9:.3f} ns/B ({1 / b_beta / 1e6:.1f} MB/s)\n"
+        )
+        print("| hosts | size | measured | model | model / measured |")
         print("| ---: | ---: | ---: | ---: | ---: |")
         for p in sorted(bc, key=lambda p: (p.n, p.nbytes)):
             a, b = tree_bcast_terms(p.n, p.nbytes)
-            model = a * alpha + b * beta
+            model = a * b_alpha + b * b_beta
             print(
                 f"| {p.n} | {fmt_size(p.nbytes)} | {fmt_time(p.seconds)} | {fmt_time(model)} | "
                 f"{model / p.seconds:.2f} |"
@@ -265,15 +298,18 @@ def main() -> None:
         report_local(load(args.local))
     beta_host = None
     if args.socket:
-        big = max(
-            (q for q in load([args.socket]) if q.op == "all_reduce"),
-            key=lambda q: q.nbytes,
+        candidates = [
+            q
+            for q in load([args.socket])
+            if q.op == "all_reduce" and q.nbytes >= 1 << 20
+        ]
+        best = min(
+            candidates, key=lambda q: q.seconds / all_reduce_terms(q.n, q.nbytes)[1]
         )
-        _a, b, _ = all_reduce_terms(big.n, big.nbytes)
-        beta_host = big.seconds / b
+        beta_host = best.seconds / all_reduce_terms(best.n, best.nbytes)[1]
         print(
-            f"socket path on loopback, {big.n} ranks, {fmt_size(big.nbytes)} all_reduce: {fmt_time(big.seconds)}, "
-            f"1/beta = {1 / beta_host / 1e9:.2f} GB/s per rank\n"
+            f"socket path on loopback, {best.n} ranks, fastest all_reduce per byte: {fmt_size(best.nbytes)} in "
+            f"{fmt_time(best.seconds)}, 1/beta = {1 / beta_host / 1e9:.2f} GB/s per rank\n"
         )
     alpha_paper = max(alpha - delay, 0.0) + args.wire_latency_us * 1e-6
     beta_link = 1 / (args.link_gbit * 1e9 / 8 * GOODPUT)

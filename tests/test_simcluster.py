@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -181,3 +182,53 @@ def test_cli_runs_a_command_on_every_host() -> None:
     )
     assert bad.returncode == 4, bad.stderr
     assert "# h1 (10.66.0.2): exit 5" in bad.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_cli_interrupted_tears_down(sig: signal.Signals) -> None:
+    """Ctrl-C (or SIGTERM) while commands run: they, the switch and the namespaces go."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "procgroup.testing.simcluster",
+            "--hosts",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo up; exec sleep 300",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    tag = f"pgsim{proc.pid}x1"
+    try:
+        assert proc.stdout is not None
+        seen = set()
+        while len(seen) < 2:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else ""
+            if line.rstrip().endswith("] up"):
+                seen.add(line.split("]")[0])
+        assert leftovers(tag) != []
+        sleepers = [p for ns in (f"{tag}-h0", f"{tag}-h1") for p in _pids_in(ns)]
+        assert sleepers
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "interrupted; everything was torn down" in err
+    assert leftovers(tag) == []
+    assert not any(_alive(p) for p in sleepers)
+
+
+def _pids_in(ns: str) -> list[int]:
+    out = subprocess.run(
+        ["ip", "netns", "pids", ns], capture_output=True, text=True, check=False
+    )
+    return [int(p) for p in out.stdout.split()]

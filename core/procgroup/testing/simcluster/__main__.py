@@ -120,8 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error("give a command after --, or --check")
 
     def stop(signum: int, _frame: Any) -> None:
+        # once: a second Ctrl-C must not cut the teardown short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt(f"signal {signum}")
 
+    signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     rate = None if args.rate.lower() == "none" else parse_rate(args.rate)
     try:
