@@ -135,12 +135,16 @@ def test_teardown_after_an_error_leaves_nothing() -> None:
     with pytest.raises(RuntimeError, match="boom"), c:
         env = c.host_env(c.hosts[1], 29500)
         sleeper = c.popen(c.hosts[1], ["sleep", "300"], env)
-        forwarder = c._forwarder
-        assert forwarder is not None and sorted(leftovers(c.tag)) != []
+        forwarder = c.forwarder_pid
+        assert forwarder is not None and _alive(forwarder)
+        assert leftovers(c.tag) != []
         raise RuntimeError("boom")
     assert leftovers(c.tag) == []
-    assert sleeper.poll() is not None or not _alive(sleeper.pid)
-    assert forwarder.poll() is not None
+    assert sleeper.poll() is not None
+    assert (
+        forwarder is not None
+    )  # (for mypy: pytest.raises may have swallowed the block)
+    assert c.forwarder_pid is None and not _alive(forwarder)
     assert not os.path.exists(f"/etc/netns/{c.hosts[0].netns}")
 
 
@@ -206,7 +210,7 @@ def test_cli_interrupted_tears_down(sig: signal.Signals) -> None:
     tag = f"pgsim{proc.pid}x1"
     try:
         assert proc.stdout is not None
-        seen = set()
+        seen: set[str] = set()
         while len(seen) < 2:
             line = proc.stdout.readline()
             assert line, proc.stderr.read() if proc.stderr else ""

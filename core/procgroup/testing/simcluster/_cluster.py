@@ -331,6 +331,11 @@ class SimCluster:
             _netns.delete(h.netns) if (_netns.NETNS_ETC / h.netns).exists() else None
 
     @property
+    def forwarder_pid(self) -> int | None:
+        """The switch's process id while it runs (None before start and after close)."""
+        return None if self._forwarder is None else self._forwarder.pid
+
+    @property
     def forwarder_log(self) -> str:
         """What the forwarder said on stderr (its frame counts when it ended)."""
         return "".join(self._forwarder_log)
@@ -396,11 +401,11 @@ class SimCluster:
         others get ``grace`` seconds, then are killed; ``timeout`` bounds the whole run.
         ``echo`` (e.g. sys.stdout) gets every line as it comes, prefixed ``[h<i>]``.
         """
-        argvs = (
-            [list(a) for a in argv]
-            if argv and not isinstance(argv[0], str)
-            else [list(argv)] * len(self.hosts)
-        )
+        argvs: list[list[str]]
+        if argv and not isinstance(argv[0], str):
+            argvs = [[str(x) for x in a] for a in argv]
+        else:
+            argvs = [[str(x) for x in argv]] * len(self.hosts)
         if len(argvs) != len(self.hosts):
             raise ValueError(f"{len(argvs)} commands for {len(self.hosts)} hosts")
         running = []
@@ -441,6 +446,12 @@ class SimCluster:
         failed = False
         while any(r.proc.poll() is None for r in running):
             now = time.monotonic()
+            if self._forwarder is not None and self._forwarder.poll() is not None:
+                for r in running:
+                    _kill_group(r.proc)
+                raise SetupError(
+                    f"the switch (forwarder) died: {self.forwarder_log.strip()}"
+                )
             if not failed and any(r.proc.returncode not in (None, 0) for r in running):
                 failed, deadline = True, min(deadline, now + grace)
             if now >= deadline:
@@ -481,25 +492,26 @@ class SimCluster:
         mod = "procgroup.testing.simcluster._stream"
         argvs: list[list[str]] = [["true"] for _ in self.hosts]
         recv_at: dict[int, int] = {}
+        senders: dict[int, int] = {}
         for k, (src, dst) in enumerate(pairs):
-            if src == dst or dst in recv_at or argvs[src] != ["true"]:
+            if src == dst or dst in recv_at or src in senders:
                 raise ValueError(
                     f"pairs {pairs}: one stream per sender and per receiver, between two hosts"
                 )
             recv_at[dst] = k
+            senders[src] = dst
         env = {
             "PYTHONPATH": os.pathsep.join(
                 p for p in [_package_root(), os.environ.get("PYTHONPATH")] if p
             )
         }
-        senders = {src: dst for src, dst in pairs}
         for h in self.hosts:
             parts = []
             if h.index in recv_at:
                 parts.append(f"{self.python} -m {mod} recv {port} {nbytes} &")
             if h.index in senders:
-                dst = self.hosts[senders[h.index]].address
-                parts.append(f"{self.python} -m {mod} send {dst} {port} {nbytes}")
+                addr = self.hosts[senders[h.index]].address
+                parts.append(f"{self.python} -m {mod} send {addr} {port} {nbytes}")
             argvs[h.index] = (
                 ["sh", "-c", "\n".join([*parts, "wait"])] if parts else ["true"]
             )

@@ -95,7 +95,7 @@ def wire_bits(frame: bytes) -> int:
     if gso_type == VNET_GSO_NONE or gso_size == 0 or length <= hdr_len:
         return 8 * max(length, 60)
     segments = -(-(length - hdr_len) // gso_size)
-    return 8 * (length + (segments - 1) * hdr_len)
+    return int(8 * (length + (segments - 1) * hdr_len))
 
 
 class Switch:
