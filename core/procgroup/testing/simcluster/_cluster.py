@@ -328,7 +328,8 @@ class SimCluster:
             _netns.delete(ns)
         self._made.clear()
         for h in self.hosts:  # /etc/netns dirs made before a failed `ip netns add`
-            _netns.delete(h.netns) if (_netns.NETNS_ETC / h.netns).exists() else None
+            if (_netns.NETNS_ETC / h.netns).exists():
+                _netns.delete(h.netns)
 
     @property
     def forwarder_pid(self) -> int | None:
@@ -344,7 +345,11 @@ class SimCluster:
     def host_env(
         self, host: Host, master_port: int, extra: Mapping[str, str] | None = None
     ) -> dict[str, str]:
-        """The environment of a rank on ``host``: env:// variables, one rank per host."""
+        """The environment of a rank on ``host``: env:// variables, one rank per host.
+
+        Also SIMCLUSTER_HOST (index), SIMCLUSTER_HOSTS, SIMCLUSTER_RATE_BPS (empty when
+        unlimited) and SIMCLUSTER_DELAY_S, for scripts that record their setting.
+        """
         env = dict(os.environ)
         for var in ("PROCGROUP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
             env.pop(var, None)
@@ -359,6 +364,8 @@ class SimCluster:
             GLOO_SOCKET_IFNAME=IFNAME,
             SIMCLUSTER_HOST=str(host.index),
             SIMCLUSTER_HOSTS=str(len(self.hosts)),
+            SIMCLUSTER_RATE_BPS="" if self.rate_bps is None else repr(self.rate_bps),
+            SIMCLUSTER_DELAY_S=repr(self.delay_s),
         )
         env.update(extra or {})
         return env

@@ -96,7 +96,11 @@ def delete(ns: str) -> None:
 
 
 def leftovers(tag: str) -> list[str]:
-    """What of cluster ``tag`` still exists: namespaces, /etc/netns dirs, their processes."""
+    """What of cluster ``tag`` still exists: namespaces (listed or as files), /etc/netns dirs.
+
+    The TAPs live in the hosts' namespaces and the forwarder's process; processes in a
+    namespace are killed before it is removed (:func:`delete`).
+    """
     found = [f"netns {ns}" for ns in namespaces() if ns.startswith(f"{tag}-")]
     found += (
         [f"netns {p.name} (file)" for p in NETNS_RUN.glob(f"{tag}-*")]
