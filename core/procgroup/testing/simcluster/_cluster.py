@@ -173,87 +173,45 @@ class SimCluster:
             _netns.run("ip", "netns", "add", ns)
             self._made.append(ns)
             _netns.run("ip", "-n", ns, "link", "set", "lo", "up")
+        sysctl = "sysctl -q -w net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
         for h in self.hosts:
             etc = _netns.NETNS_ETC / h.netns
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts_file)
             (etc / "hostname").write_text(h.hostname + "\n")
-            _netns.run(
-                "ip",
-                "netns",
-                "exec",
-                h.netns,
-                "sysctl",
-                "-q",
-                "-w",
-                "net.ipv6.conf.all.disable_ipv6=1",
-                "net.ipv6.conf.default.disable_ipv6=1",
-            )
+            _netns.run("ip", "netns", "exec", h.netns, *sysctl.split())
         self._start_forwarder()
         for h in self.hosts:
-            ns = h.netns
+            # one `ip` per host; static neighbours: no ARP on a first connect
+            batch = [
+                f"link set {IFNAME} address {h.mac} mtu 1500 txqueuelen 1000",
+                f"addr add {h.address}/{SUBNET.prefixlen} dev {IFNAME}",
+                f"link set {IFNAME} up",
+                *(
+                    f"neigh replace {o.address} lladdr {o.mac} dev {IFNAME} nud permanent"
+                    for o in self.hosts
+                    if o is not h
+                ),
+            ]
             _netns.run(
-                "ip",
-                "-n",
-                ns,
-                "link",
-                "set",
-                IFNAME,
-                "address",
-                h.mac,
-                "mtu",
-                "1500",
-                "txqueuelen",
-                "1000",
+                "ip", "-n", h.netns, "-batch", "-", stdin="\n".join(batch) + "\n"
             )
-            _netns.run(
-                "ip",
-                "-n",
-                ns,
-                "addr",
-                "add",
-                f"{h.address}/{SUBNET.prefixlen}",
-                "dev",
-                IFNAME,
-            )
-            _netns.run("ip", "-n", ns, "link", "set", IFNAME, "up")
             if self.rate_bps is not None:
                 # burst >= one 64 KiB TSO segment, or tbf would cut segments into wire frames
                 burst = max(int(self.rate_bps / 8 * 0.001), 100_000)
+                tbf = f"rate {int(self.rate_bps)}bit burst {burst} latency 20ms"
                 _netns.run(
                     "tc",
                     "-n",
-                    ns,
+                    h.netns,
                     "qdisc",
                     "replace",
                     "dev",
                     IFNAME,
                     "root",
                     "tbf",
-                    "rate",
-                    f"{int(self.rate_bps)}bit",
-                    "burst",
-                    str(burst),
-                    "latency",
-                    "20ms",
+                    *tbf.split(),
                 )
-        for h in self.hosts:  # no ARP on a first connect: every neighbour is known
-            for other in self.hosts:
-                if other is not h:
-                    _netns.run(
-                        "ip",
-                        "-n",
-                        h.netns,
-                        "neigh",
-                        "replace",
-                        other.address,
-                        "lladdr",
-                        other.mac,
-                        "dev",
-                        IFNAME,
-                        "nud",
-                        "permanent",
-                    )
         log.info(
             "simcluster %s: %d hosts, rate %s bit/s, delay %g s",
             self.tag,

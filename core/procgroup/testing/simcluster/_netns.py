@@ -26,10 +26,15 @@ class SetupError(RuntimeError):
     """The host cannot build a simulated cluster; the message says what is missing."""
 
 
-def run(*args: str, timeout: float = 30) -> str:
+def run(*args: str, timeout: float = 30, stdin: str | None = None) -> str:
     """Run a command (``ip``, ``tc``, ``sysctl``); its stderr in the error when it fails."""
     proc = subprocess.run(
-        list(args), capture_output=True, text=True, timeout=timeout, check=False
+        list(args),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     if proc.returncode != 0:
         raise SetupError(
