@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from procgroup.testing.simcluster import SimCluster, leftovers, missing
+from procgroup.testing.simcluster import SetupError, SimCluster, leftovers, missing
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -236,3 +236,10 @@ def _pids_in(ns: str) -> list[int]:
         ["ip", "netns", "pids", ns], capture_output=True, text=True, check=False
     )
     return [int(p) for p in out.stdout.split()]
+
+
+def test_switch_that_cannot_start_is_a_clear_error() -> None:
+    c = SimCluster(2, python="/nonexistent/python")
+    with pytest.raises(SetupError, match="the forwarder did not start.*nonexistent"), c:
+        pass
+    assert leftovers(c.tag) == []

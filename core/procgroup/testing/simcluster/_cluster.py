@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -25,6 +26,8 @@ SUBNET = ipaddress.ip_network("10.66.0.0/24")
 MAX_HOSTS = 250
 IFNAME = "eth0"
 DEFAULT_QUEUE_BYTES = 2 * 1024 * 1024
+#: seconds the switch may take to create its TAPs and say READY
+FORWARDER_START_S = 30.0
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
 _counter = 0
 _counter_lock = threading.Lock()
@@ -257,14 +260,16 @@ class SimCluster:
             start_new_session=True,
         )
         assert self._forwarder.stdout is not None and self._forwarder.stderr is not None
-        line = self._forwarder.stdout.readline()
         threading.Thread(
             target=_pump,
             args=(self._forwarder.stderr, self._forwarder_log, None, ""),
             daemon=True,
         ).start()
+        ready, _, _ = select.select([self._forwarder.stdout], [], [], FORWARDER_START_S)
+        line = self._forwarder.stdout.readline() if ready else ""
         if line.strip() != "READY":
-            self._forwarder.wait(timeout=10)
+            _kill_group(self._forwarder)
+            time.sleep(0.1)  # let the log pump read what it said
             raise SetupError(
                 f"the forwarder did not start: {''.join(self._forwarder_log).strip() or line}"
             )
