@@ -2,8 +2,8 @@
 
 It composes the layers below it: ``_conn`` (the mesh and one Peer per remote rank),
 ``_match`` (posted receives and the unexpected queue), ``_shm`` (collectives in shared
-memory when every rank is on this host) and ``_collectives`` (the pipelined ring over
-the sockets). It is the Peers' :class:`~procgroup_tcp._conn.PeerEvents`: frames land
+memory when every rank is on this host) and ``_collectives`` (which algorithm runs a
+collective over the sockets, by size and world size; the pipelines are in ``_algorithms``). It is the Peers' :class:`~procgroup_tcp._conn.PeerEvents`: frames land
 through the matcher, and a peer lost without a goodbye breaks the channel
 (:meth:`~procgroup.backend.DataChannel.fail`): every pending and later call raises
 :class:`~procgroup.errors.PeerError` naming that rank.
@@ -18,7 +18,8 @@ Ops, in the SDK's forms: ``start_recv`` posts a receive (its Work is the posted
 receive itself); ``start_send`` writes small messages inline and queues large ones on
 the peer's sender thread; ``do_send`` writes on the caller's thread, cheaper than a
 queued send plus a wait. Collectives run in the arena when it is open, else over the
-sockets (the base's algorithms, and all_reduce's pipelined ring for large arrays).
+sockets (all_reduce, broadcast and reduce as ``_collectives`` picks, the rest with the
+base's algorithms).
 """
 
 from __future__ import annotations
