@@ -151,3 +151,29 @@ def test_a_bad_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, name:
     monkeypatch.setenv(name, value)
     with pytest.raises(InvalidArgumentError, match=name):
         Plan()
+
+
+def test_a_bad_socket_buffer_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from procgroup.errors import InvalidArgumentError
+    from procgroup_tcp._conn import socket_buffer_bytes
+
+    monkeypatch.setenv("PROCGROUP_TCP_SOCKET_BUFFER", "big")
+    with pytest.raises(InvalidArgumentError, match="PROCGROUP_TCP_SOCKET_BUFFER"):
+        socket_buffer_bytes()
+
+
+def _buffers(rank: int, size: int) -> dict[str, Any]:
+    import socket
+
+    import procgroup as pg
+
+    peer = pg.group_channel()._peers[1 - rank]
+    arr = np.full(3 << 18, float(rank), dtype=np.float32)  # 3 MiB: the pipelined ring
+    pg.all_reduce(arr)
+    return {"rcvbuf": peer.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), "sum": float(arr[-1])}
+
+
+def test_the_socket_buffer_setting_reaches_the_sockets() -> None:
+    env = {**SOCKETS, "PROCGROUP_TCP_SOCKET_BUFFER": str(256 * 1024)}
+    for result in spawn(_buffers, 2, env=env, timeout=20.0):
+        assert result["rcvbuf"] >= 256 * 1024 and result["sum"] == 1.0, result  # Linux doubles it
