@@ -2,8 +2,8 @@
 
 It composes the layers below it: ``_conn`` (the mesh and one Peer per remote rank),
 ``_match`` (posted receives and the unexpected queue), ``_shm`` (collectives in shared
-memory when every rank is on this host) and ``_collectives`` (the pipelined ring over
-the sockets). It is the Peers' :class:`~procgroup_tcp._conn.PeerEvents`: frames land
+memory when every rank is on this host) and ``_collectives`` (which algorithm runs a
+collective over the sockets, by size and world size; the pipelines are in ``_algorithms``). It is the Peers' :class:`~procgroup_tcp._conn.PeerEvents`: frames land
 through the matcher, and a peer lost without a goodbye breaks the channel
 (:meth:`~procgroup.backend.DataChannel.fail`): every pending and later call raises
 :class:`~procgroup.errors.PeerError` naming that rank.
@@ -18,7 +18,8 @@ Ops, in the SDK's forms: ``start_recv`` posts a receive (its Work is the posted
 receive itself); ``start_send`` writes small messages inline and queues large ones on
 the peer's sender thread; ``do_send`` writes on the caller's thread, cheaper than a
 queued send plus a wait. Collectives run in the arena when it is open, else over the
-sockets (the base's algorithms, and all_reduce's pipelined ring for large arrays).
+sockets (all_reduce, broadcast and reduce as ``_collectives`` picks, the rest with the
+base's algorithms).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from procgroup.backend import (
 from procgroup.errors import ChannelClosedError, PeerError
 from procgroup.ops import ReduceOp
 
-from ._collectives import PIPELINE_MIN_BYTES, pipelined_ring_all_reduce
+from ._collectives import Plan
 from ._conn import Peer, PeerEvents, connect_mesh, left_error
 from ._fingerprints import Fingerprinted
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
@@ -65,6 +66,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._peers: dict[int, Peer] = {}
         self._shm: SharedMemoryArena | None = None
         self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post)
+        self._plan = Plan()  # which algorithm runs a collective over the sockets
         if ctx.size == 1:
             return
         sockets = connect_mesh(ctx, host_address(ctx))
@@ -181,29 +183,26 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
 
     # ---------------------------------------------------------------- collectives
     # Ranks on one host use the shared-memory arena (which compares the ranks' op
-    # descriptions first); otherwise the base's algorithms run over the sockets under the
-    # op's fingerprint (all_reduce of large arrays: the pipelined ring).
+    # descriptions first); otherwise the collective runs over the sockets under the op's
+    # fingerprint, all_reduce, broadcast and reduce with the algorithm ``_plan`` picks by
+    # size and world size (recursive doubling or tree when small, pipelined ring or chain
+    # when large), the others with the base's algorithms.
     def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
         shm = self._shm
         if shm is not None:  # the latency-critical case, dispatched first
             shm.all_reduce(array, op)
-        elif array.nbytes >= PIPELINE_MIN_BYTES and self.size > 1:
-            self._fingerprinted("all_reduce", array, self._ring_all_reduce, array, op, reduce_op=op)
         else:
-            self._fingerprinted("all_reduce", array, super().do_all_reduce, array, op, reduce_op=op)
-
-    def _ring_all_reduce(self, array: Any, op: ReduceOp) -> None:
-        pipelined_ring_all_reduce(self, array, op, self.next_collective_tag())
+            self._fingerprinted("all_reduce", array, self._plan.all_reduce, self, array, op, reduce_op=op)
 
     def do_broadcast(self, array: Any, src: int) -> None:
         if self._shm is None:
-            self._fingerprinted("broadcast", array, super().do_broadcast, array, src, root=src)
+            self._fingerprinted("broadcast", array, self._plan.broadcast, self, array, src, root=src)
         else:
             self._shm.broadcast(array, src)
 
     def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
         if self._shm is None:
-            self._fingerprinted("reduce", array, super().do_reduce, array, dst, op, root=dst, reduce_op=op)
+            self._fingerprinted("reduce", array, self._plan.reduce, self, array, dst, op, root=dst, reduce_op=op)
         else:
             self._shm.reduce(array, dst, op)
 
@@ -258,6 +257,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
             peer.fail_current(exc)
         if self._shm is not None:
             self._shm.close()
+        self._plan.scratch.release()
 
 
 class TcpSubChannel(Fingerprinted, SubChannel):
@@ -267,18 +267,22 @@ class TcpSubChannel(Fingerprinted, SubChannel):
     def __init__(self, parent: DataChannel, ranks: Sequence[int], ctx: ChannelContext) -> None:
         super().__init__(parent, ranks, ctx)
         self._init_fingerprints(parent._fps)  # type: ignore[attr-defined]
+        self._plan = Plan()
 
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
         return TcpSubChannel(self, ranks, ctx)
 
     def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
-        self._fingerprinted("all_reduce", array, super().do_all_reduce, array, op, reduce_op=op)
+        self._fingerprinted("all_reduce", array, self._plan.all_reduce, self, array, op, reduce_op=op)
 
     def do_broadcast(self, array: Any, src: int) -> None:
-        self._fingerprinted("broadcast", array, super().do_broadcast, array, src, root=src)
+        self._fingerprinted("broadcast", array, self._plan.broadcast, self, array, src, root=src)
 
     def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
-        self._fingerprinted("reduce", array, super().do_reduce, array, dst, op, root=dst, reduce_op=op)
+        self._fingerprinted("reduce", array, self._plan.reduce, self, array, dst, op, root=dst, reduce_op=op)
+
+    def do_close(self) -> None:
+        self._plan.scratch.release()
 
     def do_all_gather(self, output_list: Sequence[Any], array: Any) -> None:
         self._fingerprinted("all_gather", array, super().do_all_gather, output_list, array)
