@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from procgroup.backend import CompletedWork, Work, fresh
+from procgroup.backend import CompletedWork, Work, fresh, poll
 from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
 
 from ._wire import dtype_code, dtype_of
@@ -76,12 +76,14 @@ class PostedRecv(Work):
 
     # ------------------------------------------------------------ the caller's side
     def is_completed(self) -> bool:
+        if not self.done.is_set() and self._matcher.progress is not None:
+            self._matcher.progress()
         return self.done.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
         m = self._matcher
         limit = m.timeout if timeout is None else timeout
-        if self.done.wait(limit):
+        if m.wait_event(self.done, limit):
             if self.error is not None:
                 raise fresh(self.error)
             return True
@@ -94,7 +96,7 @@ class PostedRecv(Work):
             self.finish(-1, exc)
             raise exc
         # matched: the reader is filling the buffer and bounds a stalled peer itself
-        if not self.done.wait(m.timeout):
+        if not m.wait_event(self.done, m.timeout):
             raise exc
         if self.error is not None:
             raise fresh(self.error)
@@ -146,6 +148,10 @@ class Discard:
         pass
 
 
+class _WaitExpired(Exception):
+    """A progress-driven wait ran out (turned into the caller's own timeout error)."""
+
+
 _DROPPED = LookupError("dropped: the frame belongs to a collective that already failed")
 DISCARD = Discard()
 #: A tag found mismatched stays dead this long (its late frames are dropped meanwhile).
@@ -168,6 +174,9 @@ class Matcher:
         self._lock = threading.Lock()
         self._posted: list[PostedRecv] = []
         self._unexpected: list[Unexpected] = []
+        #: set when frames also arrive through shared memory: a wait must then drive
+        #: that progress itself (nothing else reads the rings), see ``_p2p``
+        self.progress: Callable[[], None] | None = None
         #: tag -> (the MismatchError of its collective, until when the tag stays dead)
         self.dead: dict[int, tuple[BaseException, float]] = {}
 
@@ -213,7 +222,7 @@ class Matcher:
     def _deliver(self, ux: Unexpected, view: memoryview, dtype: np.dtype) -> None:
         # refuse a frame of the wrong size at once, not after its payload has arrived
         check_size(ux.data.nbytes, ux.dtype_char, view, dtype, self.global_rank(ux.src))
-        if not ux.done.wait(self.timeout):
+        if not self.wait_event(ux.done, self.timeout):
             raise CommTimeoutError(
                 f"message from rank {self.global_rank(ux.src)} did not finish arriving within {self.timeout}s",
                 op="recv", ranks=[self.global_rank(ux.src)],
@@ -222,6 +231,22 @@ class Matcher:
             raise fresh(ux.error)
         check_size(ux.data.nbytes, ux.dtype_char, view, dtype, self.global_rank(ux.src))
         view[:] = memoryview(ux.data)  # type: ignore[arg-type]
+
+    def wait_event(self, done: threading.Event, timeout: float) -> bool:
+        """``done.wait(timeout)``, driving the shared-memory progress meanwhile when there is one."""
+        progress = self.progress
+        if progress is None or done.is_set():
+            return done.wait(timeout)
+
+        def test() -> bool:
+            progress()
+            return done.is_set()
+
+        try:
+            poll(test, timeout, on_timeout=_WaitExpired)
+        except _WaitExpired:
+            return done.is_set()
+        return True
 
     def cancel(self, req: PostedRecv) -> bool:
         """Withdraw a receive no frame has matched yet; False when one has."""
