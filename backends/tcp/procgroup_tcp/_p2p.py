@@ -161,7 +161,7 @@ class SendJob(Work):
             return False
         if not self.rts:
             return True
-        return self.link.writer.ack(self.rts_id % ACK_SLOTS) >> 2 == self.rts_id
+        return self.link.writer.ack(self.rts_id % ACK_SLOTS) >> 2 == self.rts_id + 1  # 0: never acknowledged
 
     def fail(self, exc: BaseException) -> None:
         if not self.finished():
@@ -317,7 +317,7 @@ class ShmP2P:
                     raise RingCorrupt(f"a rendezvous record of {n} bytes for {nbytes} bytes")
                 addr, rts_id = RTS.unpack_from(data, at)
                 r.consume(at, n)
-                r.ack(rts_id % ACK_SLOTS, rts_id << 2 | self._rendezvous(link, tag, nbytes, dtype_char, fp, addr))
+                r.ack(rts_id % ACK_SLOTS, (rts_id + 1) << 2 | self._rendezvous(link, tag, nbytes, dtype_char, fp, addr))
             elif kind == K_FIRST:
                 if link.stream is not None or nbytes > MAX_MESSAGE_BYTES or not 0 < n <= nbytes:
                     raise RingCorrupt(f"a first chunk of {n} bytes for {nbytes} bytes")

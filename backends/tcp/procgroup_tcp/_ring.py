@@ -36,7 +36,7 @@ K_MORE = 4  # a later chunk; the tag field holds its offset in the message
 K_RTS = 5  # rendezvous: read the message from the sender's memory, then acknowledge
 _KINDS = (K_EAGER, K_FIRST, K_MORE, K_RTS)
 
-#: acknowledgement words: (send number << 2) | status
+#: acknowledgement words: (send number + 1) << 2 | status (0: nothing acknowledged yet)
 ACK_OK, ACK_REFUSED = 1, 2
 
 
