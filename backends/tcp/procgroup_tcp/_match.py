@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from procgroup.backend import CompletedWork, Work, fresh, poll
+from procgroup.backend import CompletedWork, Work, fresh
 from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
 
 from ._wire import dtype_code, dtype_of
@@ -69,6 +69,9 @@ class PostedRecv(Work):
         self.sender = sender
         self.error = error
         self.done.set()
+        wake = self._matcher.wake
+        if wake is not None:
+            wake()
 
     def fail(self, error: BaseException) -> None:
         if not self.done.is_set():
@@ -148,10 +151,6 @@ class Discard:
         pass
 
 
-class _WaitExpired(Exception):
-    """A progress-driven wait ran out (turned into the caller's own timeout error)."""
-
-
 _DROPPED = LookupError("dropped: the frame belongs to a collective that already failed")
 DISCARD = Discard()
 #: A tag found mismatched stays dead this long (its late frames are dropped meanwhile).
@@ -177,6 +176,9 @@ class Matcher:
         #: set when frames also arrive through shared memory: a wait must then drive
         #: that progress itself (nothing else reads the rings), see ``_p2p``
         self.progress: Callable[[], None] | None = None
+        #: with ``progress``: the wait that drives it, and how a landing wakes a sleeping waiter
+        self.wait_until: Callable[[Callable[[], bool], float], bool] | None = None
+        self.wake: Callable[[], None] | None = None
         #: tag -> (the MismatchError of its collective, until when the tag stays dead)
         self.dead: dict[int, tuple[BaseException, float]] = {}
 
@@ -234,19 +236,10 @@ class Matcher:
 
     def wait_event(self, done: threading.Event, timeout: float) -> bool:
         """``done.wait(timeout)``, driving the shared-memory progress meanwhile when there is one."""
-        progress = self.progress
-        if progress is None or done.is_set():
+        wait_until = self.wait_until
+        if wait_until is None or done.is_set():
             return done.wait(timeout)
-
-        def test() -> bool:
-            progress()
-            return done.is_set()
-
-        try:
-            poll(test, timeout, on_timeout=_WaitExpired)
-        except _WaitExpired:
-            return done.is_set()
-        return True
+        return wait_until(done.is_set, timeout)
 
     def cancel(self, req: PostedRecv) -> bool:
         """Withdraw a receive no frame has matched yet; False when one has."""

@@ -32,15 +32,17 @@ import re
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from procgroup.backend import CompletedWork, Work, env_flag, fresh, poll
+from procgroup.backend import CompletedWork, Work, env_flag, fresh
 from procgroup.errors import ChannelClosedError, CommTimeoutError, PeerError
 
 from . import _cma
 from ._conn import Landing, Peer
+from ._doorbell import BLOCK_BYTES, NAP_S, Doorbell
 from ._match import Matcher
 from ._ring import (
     ACK_OK,
@@ -184,12 +186,13 @@ class SendJob(Work):
 
 
 class OutLink:
-    """This rank's end of the ring it writes in a peer's inbox."""
+    """This rank's end of the ring it writes in a peer's inbox (and that peer's doorbell)."""
 
-    def __init__(self, rank: int, global_rank: int, writer: RingWriter, cma: bool) -> None:
+    def __init__(self, rank: int, global_rank: int, writer: RingWriter, bell: Doorbell, cma: bool) -> None:
         self.rank = rank
         self.global_rank = global_rank
         self.writer = writer
+        self.bell = bell
         self.cma = cma  # the peer can read our memory: large messages go by rendezvous
         self.lock = threading.Lock()
         self.queue: collections.deque[SendJob] = collections.deque()
@@ -223,6 +226,7 @@ class ShmP2P:
         self,
         maps: list[mmap.mmap],
         views: list[memoryview],
+        bell: Doorbell,
         out: dict[int, OutLink],
         inbound: dict[int, InLink],
         timeout: float,
@@ -233,6 +237,9 @@ class ShmP2P:
     ) -> None:
         self._maps = maps
         self._views = views
+        self.bell = bell  # this rank's own: peers ring it
+        # spin a little before sleeping, unless the ranks of this host outnumber its cores
+        self._spin = 100e-6 if len(out) + 1 <= (os.cpu_count() or 1) else 5e-6
         self.out = out
         self.inbound = inbound
         self._in_list = list(inbound.values())
@@ -255,6 +262,7 @@ class ShmP2P:
                 for link in self._in_list:
                     if link.reader.has_record():
                         self._drain(link)
+                        self.out[link.rank].bell.ring()  # acknowledgements, ring space
             finally:
                 self._rlock.release()
         for out in self._out_list:
@@ -276,8 +284,12 @@ class ShmP2P:
         if not out.lock.acquire(False):
             return
         try:
+            moved = False
             while not self._closed and out.queue and out.queue[0].advance():
                 out.queue.popleft()
+                moved = True
+            if moved or (out.queue and out.queue[0].offset):
+                out.bell.ring()
         finally:
             out.lock.release()
 
@@ -394,19 +406,17 @@ class ShmP2P:
                 need = link.writer.free_for(n)
                 if need:
                     link.writer.write(K_EAGER, dtype_char, tag, n, fp, view, need)
+                    link.bell.ring()
                     return None
             job = SendJob(self, link, view, tag, dtype_char, fp)
             if link.queue or not job.advance():
                 link.queue.append(job)
+            link.bell.ring()
         return job
 
     def wait_send(self, job: SendJob, timeout: float | None) -> None:
         link = job.link
         limit = self.timeout if timeout is None else timeout
-
-        def done() -> bool:
-            self.progress()
-            return job.finished()
 
         def check() -> None:
             self._check()
@@ -426,7 +436,33 @@ class ShmP2P:
                 ranks=[link.global_rank],
             )
 
-        poll(done, limit, check=check, on_timeout=timed_out)
+        if not self.wait_until(job.finished, limit, check):
+            raise timed_out()
+
+    def wait_until(self, ready: Callable[[], bool], timeout: float, check: Callable[[], None] | None = None) -> bool:
+        """Drive progress until ``ready()``; False when ``timeout`` passes first. Spins briefly,
+        then sleeps on this rank's doorbell (a peer's write wakes it), ``check()`` between naps."""
+        progress = self.progress
+
+        def test() -> bool:
+            progress()
+            return ready()
+
+        if test():
+            return True
+        now = time.perf_counter()
+        deadline, spin_end = now + timeout, now + self._spin
+        while True:
+            if test():
+                return True
+            now = time.perf_counter()
+            if now < spin_end:
+                continue
+            if check is not None:
+                check()
+            if now >= deadline:
+                return test()
+            self.bell.sleep(test, min(NAP_S, deadline - now))
 
     # ------------------------------------------------------------------ failure and teardown
     def fail_all(self, exc: BaseException) -> None:
@@ -467,6 +503,8 @@ class ShmP2P:
                 link.reader.release()
             for out in self._out_list:
                 out.writer.release()
+                out.bell.release()
+            self.bell.release()
             for view in self._views:
                 view.release()
             for mm in self._maps:
@@ -548,7 +586,7 @@ def open_p2p(
     if not candidates:
         return None
     slot = {r: i for i, r in enumerate(candidates)}
-    inbox_bytes = len(candidates) * ring_bytes(RING_BYTES)
+    inbox_bytes = BLOCK_BYTES + len(candidates) * ring_bytes(RING_BYTES)
     name, inbox, maps = "", None, []
     try:
         try:
@@ -563,7 +601,7 @@ def open_p2p(
                 _VERSION,
                 os.getpid(),
                 inbox_bytes if name else 0,
-                slot[r] * ring_bytes(RING_BYTES),
+                BLOCK_BYTES + slot[r] * ring_bytes(RING_BYTES),
                 probe.address,
                 probe.data,
                 name.encode(),
@@ -582,7 +620,7 @@ def open_p2p(
             pids[r] = pid
             can_read[r] = cma_wanted and _cma.check_probe(pid, paddr, pdata)
             their_name = raw.rstrip(b"\0").decode("ascii", "replace")
-            if not their_bytes or my_offset + ring_bytes(RING_BYTES) > their_bytes:
+            if not their_bytes or not BLOCK_BYTES <= my_offset <= their_bytes - ring_bytes(RING_BYTES):
                 continue
             try:
                 mm = _map_inbox(their_name, their_bytes)
@@ -606,13 +644,15 @@ def open_p2p(
             continue  # a pair uses shared memory only when both ends mapped each other's inbox
         mm, offset = mapped[r]
         views.append(memoryview(mm))
-        out[r] = OutLink(r, ctx.global_rank(r), RingWriter(views[-1], offset, RING_BYTES), bool(they_read))
+        out[r] = OutLink(
+            r, ctx.global_rank(r), RingWriter(views[-1], offset, RING_BYTES), Doorbell(views[-1]), bool(they_read)
+        )
         inbound[r] = InLink(
             r,
             ctx.global_rank(r),
             RingReader(
                 inbox_view,
-                slot[r] * ring_bytes(RING_BYTES),  # type: ignore[arg-type]
+                BLOCK_BYTES + slot[r] * ring_bytes(RING_BYTES),  # type: ignore[arg-type]
                 RING_BYTES,
             ),
             pids[r],
@@ -631,7 +671,8 @@ def open_p2p(
         [ctx.global_rank(r) for r in out],
         [ctx.global_rank(r) for r, o in out.items() if o.cma],
     )
-    return ShmP2P(maps, views, out, inbound, ctx.timeout, check, has_left, match, corrupt)
+    bell = Doorbell(inbox_view)  # type: ignore[arg-type]
+    return ShmP2P(maps, views, bell, out, inbound, ctx.timeout, check, has_left, match, corrupt)
 
 
 __all__ = [

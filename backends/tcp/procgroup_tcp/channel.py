@@ -2,8 +2,8 @@
 
 It composes the layers below it: ``_conn`` (the mesh and one Peer per remote rank),
 ``_match`` (posted receives and the unexpected queue), ``_shm`` (collectives in shared
-memory when every rank is on this host) and ``_collectives`` (the pipelined ring over
-the sockets). It is the Peers' :class:`~procgroup_tcp._conn.PeerEvents`: frames land
+memory when every rank is on this host), ``_p2p`` (point-to-point in shared memory
+with each peer on this host) and ``_collectives`` (the pipelined ring over the sockets). It is the Peers' :class:`~procgroup_tcp._conn.PeerEvents`: frames land
 through the matcher, and a peer lost without a goodbye breaks the channel
 (:meth:`~procgroup.backend.DataChannel.fail`): every pending and later call raises
 :class:`~procgroup.errors.PeerError` naming that rank.
@@ -14,7 +14,9 @@ ranks that disagree get a :class:`~procgroup.errors.MismatchError` on every rank
 (the rank that sees it first tells every peer with a mismatch notice), and the
 group stays usable.
 
-Ops, in the SDK's forms: ``start_recv`` posts a receive (its Work is the posted
+Ops, in the SDK's forms: a send to a same-host peer goes through its shared-memory
+ring (``_p2p``), and every receive is posted in the one matcher, whose waits then
+drive the rings too; otherwise ``start_recv`` posts a receive (its Work is the posted
 receive itself); ``start_send`` writes small messages inline and queues large ones on
 the peer's sender thread; ``do_send`` writes on the caller's thread, cheaper than a
 queued send plus a wait. Collectives run in the arena when it is open, else over the
@@ -86,6 +88,8 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
             if self._p2p is not None:
                 self._shm_out = self._p2p.out
                 self._matcher.progress = self._p2p.progress
+                self._matcher.wait_until = self._p2p.wait_until
+                self._matcher.wake = self._p2p.bell.ring
         except BaseException:
             self.close()
             raise
