@@ -1,8 +1,9 @@
-"""procgroup's mpi backend vs raw mpi4py: all_reduce latency (8 B) and bandwidth (64 MiB).
+"""procgroup's mpi backend vs raw mpi4py: all_reduce latency (8 B) and bandwidth (64 MiB),
+or (``--op sendrecv``) a send/recv ping-pong at 8 B, 4 MiB and 64 MiB, layer by layer.
 
 Run with 2 ranks (re-launches itself under mpiexec when started plainly)::
 
-    python bench/mpi_overhead.py [--small-iters 20000] [--rounds 7] [--large-samples 21]
+    python bench/mpi_overhead.py [--op sendrecv] [--small-iters 20000] [--rounds 7] [--large-samples 21]
 
 Both sides run in the same job, interleaved round by round so machine noise hits them
 alike: raw ``comm.Allreduce(MPI.IN_PLACE, a)``, raw ``Iallreduce`` + ``Test`` polling
@@ -22,6 +23,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from _interleave import interleaved_medians  # bench/ is sys.path[0] for a script run from it
 
@@ -41,6 +43,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--small-iters", type=int, default=20000, help="calls per round at 8 B")
     parser.add_argument("--rounds", type=int, default=7, help="rounds at 8 B (median over rounds)")
     parser.add_argument("--large-samples", type=int, default=21, help="timed calls at 64 MiB per variant")
+    parser.add_argument("--op", choices=("all_reduce", "sendrecv"), default="all_reduce",
+                        help="all_reduce, or a send/recv ping-pong (one-way time = round trip / 2)")
     args = parser.parse_args(argv)
     if not _under_mpiexec():
         sys.exit(_relaunch(argv))
@@ -78,6 +82,11 @@ def main(argv: list[str]) -> None:
         "raw": raw, "raw_poll": raw_poll, "backend": backend, "start_wait": started, "procgroup": ours,
     }
     rows = []
+    if args.op == "sendrecv":
+        _sendrecv(args, pg, comm, MPI, np)
+        comm.Free()
+        pg.destroy_process_group()
+        return
     # latency: 8 bytes (one float64), many calls per round, median of per-round means
     small = np.ones(1, dtype=np.float64)
     rows.append(("8 B", interleaved_medians(variants, small, rounds=args.rounds, iters=args.small_iters,
@@ -107,6 +116,65 @@ def main(argv: list[str]) -> None:
                   f"{med['raw'] / med['procgroup']:.2f}x |")
     comm.Free()
     pg.destroy_process_group()
+
+
+def _sendrecv(args: argparse.Namespace, pg: Any, comm: Any, MPI: Any, np: Any) -> None:
+    """Ping-pong between ranks 0 and 1: raw Send/Recv against procgroup's send/recv."""
+    rank = comm.Get_rank()
+    peer = 1 - rank
+    channel = pg.group_channel()
+
+    def pingpong(send: Callable[[Any], None], recv: Callable[[Any], None]) -> Callable[[Any], None]:
+        if rank == 0:
+            def run(a: Any) -> None:
+                send(a)
+                recv(a)
+        else:
+            def run(a: Any) -> None:
+                recv(a)
+                send(a)
+        return run
+
+    def isend_test(a: Any) -> None:
+        req = comm.Isend(a, peer, 0)
+        while not req.Test():
+            pass
+
+    def irecv_test(a: Any) -> None:
+        status = MPI.Status()
+        req = comm.Irecv(a, peer, 0)
+        while not req.Test(status):
+            pass
+
+    send, recv = channel.blocking("send"), channel.blocking("recv")
+    # the layers, bottom up: MPI's blocking calls; the nonblocking calls + a Test loop (what
+    # the backend does, so that it can time out); the backend's blocking callables; the API
+    variants: dict[str, Callable[[Any], None]] = {
+        "raw": pingpong(lambda a: comm.Send(a, peer, 0), lambda a: comm.Recv(a, peer, 0)),
+        "raw_test": pingpong(isend_test, irecv_test),
+        "channel": pingpong(lambda a: send(a, peer, 0), lambda a: recv(a, peer, 0)),
+        "procgroup": pingpong(lambda a: pg.send(a, peer), lambda a: pg.recv(a, peer)),
+    }
+    rows = []
+    for nbytes, iters, rounds in ((8, args.small_iters // 2, args.rounds), (4 << 20, 20, args.rounds),
+                                  (64 << 20, 1, args.large_samples)):
+        a = np.ones(nbytes // 4, dtype=np.float32)
+        med = interleaved_medians(variants, a, rounds=rounds, iters=iters, barrier=comm.Barrier,
+                                  warmup=min(iters, 1000))
+        rows.append((nbytes, {k: v / 2 for k, v in med.items()}))  # one way
+    if rank == 0:
+        print(f"# send/recv ping-pong, one-way time, 2 ranks, "
+              f"{MPI.Get_library_version().splitlines()[0].strip()}, mpi4py {__import__('mpi4py').__version__}")
+        print("| size | raw mpi4py Send/Recv | raw Isend/Irecv+Test | channel blocking send/recv "
+              "| procgroup send/recv | channel/raw | procgroup/raw |")
+        print("|---|---|---|---|---|---|---|")
+        for nbytes, med in rows:
+            label = "8 B" if nbytes == 8 else f"{nbytes >> 20} MiB"
+            unit, scale = ("us", 1e6) if nbytes < 2**20 else ("ms", 1e3)
+            print(f"| {label} | {med['raw'] * scale:.2f} {unit} | {med['raw_test'] * scale:.2f} {unit} | "
+                  f"{med['channel'] * scale:.2f} {unit} | "
+                  f"{med['procgroup'] * scale:.2f} {unit} | {med['channel'] / med['raw']:.2f}x | "
+                  f"{med['procgroup'] / med['raw']:.2f}x |")
 
 
 if __name__ == "__main__":

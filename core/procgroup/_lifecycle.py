@@ -79,7 +79,7 @@ def init_process_group(
         st.world = Group(range(size), rank_, channel, spec, group_id=0)
         _state.state = st
         if "cpu" in _state.devices(st.world):
-            _ops.bind_world(channel)
+            _ops.bind_world(st.world)
         # a script that just ends still says goodbye, so its peers see "left", not "died"
         atexit.register(destroy_process_group)
         log.info("rank %d of %d joined the %s process group", rank_, size, spec.name)
@@ -239,6 +239,7 @@ def _close_quietly(store: Any) -> None:
 def _close_group(g: Group) -> None:
     for grp in (g.host_group, g):
         if grp is not None and grp.channel is not None:
+            grp.fast = None
             try:
                 grp.channel.close()
             except Exception:  # noqa: BLE001 - keep tearing down the rest
@@ -279,7 +280,8 @@ def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, ti
               options: Mapping[str, Any] | None = None) -> Group:
     """Create a group of world ``ranks``; every rank of the world calls it, in the same order.
 
-    Members talk over the world's transport (or a new channel of ``backend``); non-members
+    Members talk over the world's transport (or a new channel of ``backend``, or of the world's
+    backend when ``options`` are given: they apply to a channel of its own); non-members
     get a handle whose ``rank`` is -1 and on which every op raises a clear error.
     """
     st = _state.world()
@@ -308,12 +310,14 @@ def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, ti
         world_channel = st.world.channel
         if world_channel is None:
             raise NotInitializedError("the world group was destroyed")
-        if backend is None or backend.lower() == st.world.backend:
+        if (backend is None or backend.lower() == st.world.backend) and not options:
             channel = world_channel.new_group(list(members), ctx)
-        else:
-            spec, cls = load_channel_class(backend)
+        else:  # another backend, or options the world's channel was not built with: a channel of its own
+            spec, cls = load_channel_class(backend or st.world.backend)
             channel = cls(ctx)
     g = Group(members, my_rank, channel, spec, gid)
+    if channel is not None and "cpu" in _state.devices(g):
+        _ops.bind_group(g)
     st.groups.append(g)
     return g
 

@@ -8,7 +8,7 @@ runs the op on the group's channel: ``channel.run`` when blocking, ``channel.sta
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -66,18 +66,79 @@ def _p2p(op: str, array: Any, rank: int | None, group: Any, tag: int) -> tuple[G
     return g, g.channel, peer, p  # type: ignore[return-value]
 
 
+_ndarray = np.ndarray
+
+
+class FastPath(NamedTuple):
+    """A group's fast paths while its channel takes host arrays (``Group.fast``): the
+    channel's blocking callables, cached, and the rank translation."""
+
+    send: Callable[[Any, int, int], None]
+    recv: Callable[[Any, int | None, int], int]
+    all_reduce: Callable[[Any, ReduceOp], None]
+    index: dict[int, int]  # world rank -> group rank
+    ranks: tuple[int, ...]  # group rank -> world rank
+    me: int  # this process's world rank
+
+
+#: The world group's FastPath (set by bind_world), and the dtypes prepare() let through.
+_world_fast: FastPath | None = None
+_p2p_dtypes: set[np.dtype] = set()
+
+
+def bind_group(g: Group) -> None:
+    """Give ``g`` its fast paths (a member whose channel takes host arrays)."""
+    channel: Any = g.channel
+    g.fast = FastPath(channel.blocking("send"), channel.blocking("recv"), channel.blocking("all_reduce"),
+                      {r: i for i, r in enumerate(g.ranks)}, g.ranks, g.ranks[g.rank])
+
+
+def _fast(group: Any, array: Any, tag: Any, receiving: bool) -> FastPath | None:
+    """The group's FastPath when the call may skip member/prepare (what they check, for a
+    native NumPy array of a dtype prepare() has already let through), else None."""
+    f = _world_fast if group is None else group.fast if type(group) is Group else None
+    if (f is not None and type(array) is _ndarray and type(tag) is int and 0 <= tag < MAX_USER_TAG
+            and array.dtype in _p2p_dtypes and (array.flags.carray if receiving else array.flags.c_contiguous)):
+        return f
+    return None
+
+
+def _remember_dtype(p: Prepared) -> None:
+    if type(p.original) is _ndarray and p.native is p.original:
+        _p2p_dtypes.add(p.dtype)
+
+
 def send(array: Any, dst: int, group: Any = None, tag: int = 0) -> None:
     """Send ``array`` to world rank ``dst``; blocks until the buffer may be reused."""
+    f = _fast(group, array, tag, False)
+    peer = f.index.get(dst) if f is not None and type(dst) is int and dst != f.me else None
+    if peer is not None:
+        try:
+            f.send(array, peer, tag)  # type: ignore[union-attr]
+        except ProcGroupError as exc:
+            _name_op(exc, "send", _state.resolve(group))
+            raise
+        return
     g, channel, peer, p = _p2p("send", array, dst, group, tag)
     try:
         channel.send(p.native, cast(int, peer), tag)
     except ProcGroupError as exc:
         _name_op(exc, "send", g)
         raise
+    _remember_dtype(p)
 
 
 def recv(array: Any, src: int | None = None, group: Any = None, tag: int = 0) -> int:
     """Receive into ``array`` from ``src`` (any rank when None); returns the sender's rank."""
+    f = _fast(group, array, tag, True)
+    if f is not None:
+        peer = None if src is None else f.index.get(src) if type(src) is int and src != f.me else -1
+        if peer != -1:
+            try:
+                return f.ranks[f.recv(array, peer, tag)]
+            except ProcGroupError as exc:
+                _name_op(exc, "recv", _state.resolve(group))
+                raise
     g, channel, peer, p = _p2p("recv", array, src, group, tag)
     try:
         sender = channel.recv(p.native, peer, tag)
@@ -87,6 +148,7 @@ def recv(array: Any, src: int | None = None, group: Any = None, tag: int = 0) ->
     then = copy_back([p])
     if then is not None:
         then()
+    _remember_dtype(p)
     return g.global_rank(sender)
 
 
@@ -111,25 +173,24 @@ def broadcast(array: Any, src: int, group: Any = None, async_op: bool = False) -
     return _execute(g, "broadcast", (p.native, root), [p], async_op)
 
 
-#: (op, dtype) pairs that passed check_op_dtype for a native NumPy array, and the world
-#: channel's blocking all_reduce when it takes host arrays: all_reduce's fast path, the
-#: call whose fixed cost decides small-message latency.
+#: (op, dtype) pairs that passed check_op_dtype for a native NumPy array: all_reduce's
+#: fast path (the call whose fixed cost decides small-message latency) takes those.
 _reduce_checked: dict[ReduceOp, set[np.dtype]] = {op: set() for op in ReduceOp}
-_world_all_reduce: Callable[[Any, ReduceOp], None] | None = None
-_ndarray = np.ndarray
 
 
-def bind_world(channel: DataChannel | None) -> None:
-    """Cache the world channel's blocking all_reduce for the fast path (None: forget it)."""
-    global _world_all_reduce
-    _world_all_reduce = None if channel is None else channel.blocking("all_reduce")
+def bind_world(world: Group | None) -> None:
+    """Set (None: forget) the world's fast paths, used when no group is passed."""
+    global _world_fast
+    if world is not None:
+        bind_group(world)
+    _world_fast = None if world is None else world.fast
 
 
 def all_reduce(array: Any, op: ReduceOp = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
     """Reduce every member's array with ``op``; each gets the result in place."""
-    run = _world_all_reduce
-    if run is not None and group is None and not async_op and type(array) is _ndarray:
-        # what member/prepare/check_op_dtype check, for a world all_reduce of a NumPy
+    f = _world_fast if group is None else group.fast if type(group) is Group else None
+    if f is not None and not async_op and type(array) is _ndarray:
+        # what member/prepare/check_op_dtype check, for an all_reduce of a NumPy
         # array: a checked (op, dtype), C-contiguous, aligned and writeable ("carray")
         try:
             known = array.dtype in _reduce_checked[op]
@@ -137,9 +198,9 @@ def all_reduce(array: Any, op: ReduceOp = ReduceOp.SUM, group: Any = None, async
             known = False
         if known and array.flags.carray:
             try:
-                run(array, op)
+                f.all_reduce(array, op)
             except ProcGroupError as exc:
-                _name_op(exc, "all_reduce", _state.world().world)
+                _name_op(exc, "all_reduce", _state.resolve(group))
                 raise
             return None
     g = _state.member(group, "all_reduce")
@@ -233,6 +294,7 @@ __all__ = [
     "all_reduce",
     "all_to_all",
     "barrier",
+    "bind_group",
     "bind_world",
     "broadcast",
     "gather",

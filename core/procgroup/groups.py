@@ -24,6 +24,7 @@ class Group:
         self.group_id = group_id
         self._index = {r: i for i, r in enumerate(self.ranks)}
         self.host_group: Group | None = None  # CPU side group for object collectives
+        self.fast: Any = None  # the core's fast paths (_ops.FastPath) while the channel is open
 
     @property
     def size(self) -> int:

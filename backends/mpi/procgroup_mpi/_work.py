@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from mpi4py import MPI
 from procgroup.backend import Work, poll
 from procgroup.errors import CommTimeoutError, InvalidArrayError
@@ -153,6 +152,19 @@ class MpiWork(Work):
                 pass
 
 
+def short_message(channel: MpiChannel, status: Any, datatype: Any, array: Any) -> InvalidArrayError | None:
+    """The error for a completed receive whose message was shorter than ``array`` (MPI
+    raises truncation for a longer one), or None when the sizes match."""
+    got = status.Get_count(datatype)
+    if got == array.size:
+        return None
+    source = channel.ctx.global_rank(status.Get_source())
+    return InvalidArrayError(
+        f"message from rank {source} has {got} elements of {array.dtype.itemsize} bytes but the receive "
+        f"buffer has {array.size} (dtype {array.dtype}); sizes must match"
+    )
+
+
 class SendWork(MpiWork):
     """A send: names its destination and tag in errors."""
 
@@ -218,19 +230,9 @@ class RecvWork(MpiWork):
         if self._settled or self._error is not None:
             return
         self._settled = True
-        status = self._status
-        got = status.Get_count(self._datatype)
-        array = self._keep
-        want = int(np.prod(array.shape))
-        source = status.Get_source()
-        if got != want:
-            self._error = InvalidArrayError(
-                f"message from rank {self._channel.ctx.global_rank(source)} has {got} elements of "
-                f"{array.dtype.itemsize} bytes but the receive buffer has {want} (dtype {array.dtype}); "
-                f"sizes must match"
-            )
-        else:
-            self._value = source
+        self._error = short_message(self._channel, self._status, self._datatype, self._keep)
+        if self._error is None:
+            self._value = self._status.Get_source()
 
     def _what(self) -> str:
         who = "any rank" if self._peer is None else f"rank {self._channel.ctx.global_rank(self._peer)}"
@@ -244,4 +246,4 @@ class RecvWork(MpiWork):
         cancel_recv(self._req, self._status)
 
 
-__all__ = ["SPIN", "MpiWork", "RecvWork", "SendWork"]
+__all__ = ["SPIN", "MpiWork", "RecvWork", "SendWork", "short_message"]

@@ -38,7 +38,7 @@ from ._buffers import concatenate, span, spread
 from ._comms import TagRoutes, create_group, world_comm
 from ._lowering import PLANS, datatype_of, reduce_plan
 from ._requests import park, translate, wait_all
-from ._work import SPIN, MpiWork, RecvWork, SendWork
+from ._work import SPIN, MpiWork, RecvWork, SendWork, short_message
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,16 @@ def _initialized() -> None:
                  "serialized": MPI.THREAD_SERIALIZED}.get(str(mpi4py.rc.thread_level), MPI.THREAD_MULTIPLE)
         MPI.Init_thread(level)
         log.debug("MPI initialised (%s)", MPI.Get_library_version().splitlines()[0])
+
+
+def _spun(test: Any) -> bool:
+    """True when ``test()`` held within the bare spin; False: the caller waits on a Work."""
+    if test():
+        return True
+    for _ in SPIN:
+        if test():
+            return True
+    return False
 
 
 class MpiChannel(DataChannel):
@@ -162,6 +172,48 @@ class MpiChannel(DataChannel):
         except MPI.Exception as exc:
             raise self._refused(exc, "recv") from None
         return RecvWork(self, req, array, dt, src, tag, _Status())
+
+    # Blocking p2p, for small messages' latency: the MPI call, a bare spin on Test, and a
+    # Work (timeout, cancel, errors) only when the spin did not see the request end.
+    def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
+        comm, mtag = self._route(tag)
+        try:
+            req = comm.Isend([array, datatype_of(array.dtype)], dst, mtag)
+        except MPI.Exception as exc:
+            raise self._refused(exc, "send") from None
+        try:
+            if _spun(req.Test):
+                return
+        except MPI.Exception as exc:
+            raise translate(exc, "send") from None
+        except BaseException:  # Ctrl-C while spinning: the Work keeps the request safe
+            SendWork(self, req, array, dst, tag)._abandon()
+            raise
+        SendWork(self, req, array, dst, tag).wait()
+
+    def do_recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
+        comm, mtag = self._route(tag)
+        dt = datatype_of(array.dtype)
+        status = _Status()
+        try:
+            req = comm.Irecv([array, dt], _ANY_SOURCE if src is None else src, mtag)
+        except MPI.Exception as exc:
+            raise self._refused(exc, "recv") from None
+        try:
+            done = _spun(functools.partial(req.Test, status))
+        except MPI.Exception as exc:
+            raise translate(exc, "recv") from None
+        except BaseException:  # Ctrl-C while spinning: cancel the receive (or let it land)
+            RecvWork(self, req, array, dt, src, tag, status)._abandon()
+            raise
+        if not done:
+            work = RecvWork(self, req, array, dt, src, tag, status)
+            work.wait()
+            return int(work.result())
+        error = short_message(self, status, dt, array)
+        if error is not None:
+            raise error
+        return int(status.Get_source())
 
     # ------------------------------------------------------------------ collectives
     def start_all_reduce(self, array: Any, op: ReduceOp) -> MpiWork:

@@ -19,7 +19,7 @@ import time
 from typing import Any, Protocol
 
 from procgroup.backend import ChannelContext, client_handshake, fresh, job_key, server_handshake
-from procgroup.errors import CommTimeoutError, PeerError, ProcGroupError
+from procgroup.errors import CommTimeoutError, InvalidArgumentError, PeerError, ProcGroupError
 
 from . import _wire
 
@@ -91,6 +91,37 @@ MAX_FRAME_BYTES = 1 << 48
 HANDSHAKE_TIMEOUT_S = 5.0
 
 
+#: SO_SNDBUF/SO_RCVBUF of the data sockets when PROCGROUP_TCP_SOCKET_BUFFER is unset;
+#: 0 leaves the kernel's autotuning alone (docs/backends/tcp.md has the measurements).
+SOCKET_BUFFER_BYTES = 0
+
+
+def socket_buffer_bytes() -> int:
+    """The socket buffer size asked for (PROCGROUP_TCP_SOCKET_BUFFER, bytes; 0: the kernel's)."""
+    text = os.environ.get("PROCGROUP_TCP_SOCKET_BUFFER", "")
+    if not text:
+        return SOCKET_BUFFER_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidArgumentError(f"PROCGROUP_TCP_SOCKET_BUFFER={text!r}: expected a number of bytes >= 0 "
+                                   f"(0: the kernel's autotuning)")
+    return value
+
+
+def tune(sock: socket.socket, timeout: float) -> None:
+    """A data socket's options: no Nagle delay (small frames leave at once), the buffer
+    size asked for (a fixed size turns the kernel's autotuning off), the channel timeout."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    size = socket_buffer_bytes()
+    if size:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+    sock.settimeout(timeout)
+
+
 def _purpose(ctx: ChannelContext, nonce: bytes) -> bytes:
     """What the handshake binds to: this channel (group) of this job, at this listener."""
     return b"tcp/%d/" % ctx.group_id + nonce.hex().encode()
@@ -150,8 +181,7 @@ def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
                 expected.discard(outcome)
                 socks[outcome] = conn
         for sock in socks.values():
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(ctx.timeout)
+            tune(sock, ctx.timeout)
         return socks
     except BaseException:
         for sock in socks.values():
