@@ -1,10 +1,11 @@
 """A raw TCP stream between two simulated hosts: what the links carry, without procgroup.
 
 ``python -m procgroup.testing.simcluster._stream recv PORT NBYTES`` accepts one
-connection, reads NBYTES, prints ``RECEIVED <bytes> <seconds>`` (timed from the first
-byte to the last, so the connection set-up is not counted); ``send HOST PORT NBYTES``
-connects (retrying until the receiver listens) and writes NBYTES. ``echo PORT N`` and
-``ping HOST PORT N`` bounce 8 bytes N times; ping prints ``RTT <median seconds>``.
+connection, reads NBYTES, prints ``RECEIVED <bytes> <seconds>``: the bytes after the first
+read and the time they took (so neither the connection set-up nor what was buffered
+before the first read counts); ``send HOST PORT NBYTES`` connects (retrying until the
+receiver listens) and writes NBYTES. ``echo PORT N`` and ``ping HOST PORT N`` bounce
+8 bytes N times; ping prints ``RTT <median seconds>``.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ def receive(port: int, nbytes: int, timeout: float = 60.0) -> tuple[int, float]:
         conn.settimeout(timeout)
         buf = bytearray(CHUNK)
         view = memoryview(buf)
-        got = conn.recv_into(view)
-        start = time.perf_counter()
-        while got < nbytes:
-            n = conn.recv_into(view[: min(CHUNK, nbytes - got)])
+        first = conn.recv_into(view)
+        start = (
+            time.perf_counter()
+        )  # the clock starts after the first bytes: not counted
+        got = 0
+        while first + got < nbytes:
+            n = conn.recv_into(view[: min(CHUNK, nbytes - first - got)])
             if n == 0:
                 break
             got += n
