@@ -52,6 +52,8 @@ READ_BATCH = 32
 #: a frame due this soon is written now: waking up takes about this long, so the mean
 #: delivery time lands nearer the due time than sleeping to the last microsecond would
 EARLY_S = 10e-6
+#: errors of a TAP write that mean the frame was dropped, not that the switch broke
+REFUSED = (errno.EAGAIN, errno.EIO, errno.EINVAL, errno.ENOBUFS)
 
 
 def _setns(path: str) -> None:
@@ -157,15 +159,9 @@ class Switch:
                 try:
                     os.write(fd, frame)
                     self.forwarded += 1
-                except (
-                    OSError
-                ) as exc:  # the host's stack refused it: a lost frame, as on a wire
-                    if exc.errno not in (
-                        errno.EAGAIN,
-                        errno.EIO,
-                        errno.EINVAL,
-                        errno.ENOBUFS,
-                    ):
+                except OSError as exc:
+                    # the host's stack refused it: a lost frame, as on a wire
+                    if exc.errno not in REFUSED:
                         raise
                     self.refused += 1
             if q and (nxt is None or q[0][0] < nxt):
@@ -222,9 +218,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    signal.signal(
-        signal.SIGINT, signal.SIG_IGN
-    )  # the parent tears down; stdin's EOF ends us
+    # the parent tears down on Ctrl-C; the end of stdin ends us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:  # wake-ups within microseconds, not the default 50 us of slack
         ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     except (OSError, AttributeError):

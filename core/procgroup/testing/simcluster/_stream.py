@@ -26,9 +26,8 @@ def receive(port: int, nbytes: int, timeout: float = 60.0) -> tuple[int, float]:
         buf = bytearray(CHUNK)
         view = memoryview(buf)
         first = conn.recv_into(view)
-        start = (
-            time.perf_counter()
-        )  # the clock starts after the first bytes: not counted
+        # the clock starts after the first bytes, which are not counted
+        start = time.perf_counter()
         got = 0
         while first + got < nbytes:
             n = conn.recv_into(view[: min(CHUNK, nbytes - first - got)])
