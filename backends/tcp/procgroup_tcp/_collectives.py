@@ -24,13 +24,16 @@ from procgroup.ops import ReduceOp
 from . import _algorithms
 
 #: all_reduce of at least this many bytes takes the pipelined ring, smaller ones recursive
-#: doubling; by world size (the largest key not above the size applies). Measured: 2 ranks,
-#: doubling won to 512 KiB, the ring from 1 MiB; 4 ranks, level at 1 MiB, the ring at 4 MiB.
-RING_MIN_BYTES = {2: 1 << 20, 3: 1 << 20, 4: 2 << 20}
+#: doubling; by world size (the largest key not above the size applies). Measured: 2 ranks
+#: on one host, doubling won to 512 KiB, the ring from 1 MiB; 4 hosts of the simulated
+#: cluster (1 Gbit/s, 0.1 ms), the ring 1.6x ahead at 256 KiB and 2x at 1 MiB.
+RING_MIN_BYTES = {2: 1 << 20, 3: 1 << 20, 4: 256 * 1024}
 #: broadcast of at least this many bytes takes the segmented chain, smaller ones the
-#: binomial tree. Measured: 2 ranks, level to 256 KiB, the chain ahead from 1 MiB; 4 ranks
-#: on one 2-core host the tree won at every size (each hop of the chain costs CPU there).
-BROADCAST_CHAIN_MIN_BYTES = {2: 1 << 20, 3: 1 << 62}
+#: binomial tree. Measured: 2 ranks, level to 256 KiB, the chain ahead from 1 MiB; 4 hosts
+#: of the simulated cluster, level at 1 MiB, the chain 1.9x ahead at 4 MiB and 2.6x at
+#: 16 MiB (on one 2-core host with PROCGROUP_TCP_SHM=0 the tree won: each hop costs CPU the
+#: ranks share, but ranks on one host use the shared-memory arena, not this path).
+BROADCAST_CHAIN_MIN_BYTES = {2: 1 << 20, 3: 2 << 20}
 #: reduce: the chain from this size. Measured: 2 ranks, the tree to 1 MiB, the chain at
 #: 4 MiB; 4 ranks, level at 64 KiB, the chain 1.2x ahead at 256 KiB and 2x at 1 MiB.
 REDUCE_CHAIN_MIN_BYTES = {2: 2 << 20, 3: 256 * 1024}
