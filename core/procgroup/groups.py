@@ -24,6 +24,8 @@ class Group:
         self.group_id = group_id
         self._index = {r: i for i, r in enumerate(self.ranks)}
         self.host_group: Group | None = None  # CPU side group for object collectives
+        #: why the handle no longer works, once shrink() replaced it ("" while it does)
+        self.retired = ""
 
     @property
     def size(self) -> int:

@@ -44,9 +44,20 @@ from procgroup.ops import ReduceOp
 from ._collectives import PIPELINE_MIN_BYTES, pipelined_ring_all_reduce
 from ._conn import Peer, PeerEvents, connect_mesh, left_error
 from ._fingerprints import Fingerprinted
+from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._shm import SharedMemoryArena, all_on_one_host
-from ._wire import KIND_MISMATCH, KIND_PEER_LOST, LOST, MAX_LOST_BYTES, NO_FP, NOTICE, byte_view, dtype_code
+from ._wire import (
+    KIND_CONTROL,
+    KIND_MISMATCH,
+    KIND_PEER_LOST,
+    LOST,
+    MAX_LOST_BYTES,
+    NO_FP,
+    NOTICE,
+    byte_view,
+    dtype_code,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +76,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._peers: dict[int, Peer] = {}
         self._shm: SharedMemoryArena | None = None
         self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post)
+        self._heartbeat: Heartbeat | None = None
         if ctx.size == 1:
             return
         sockets = connect_mesh(ctx, host_address(ctx))
@@ -78,6 +90,10 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
             if (wanted is None or wanted) and all_on_one_host(ctx):
                 # None: /dev/shm refused, sockets it is
                 self._shm = SharedMemoryArena.open(ctx, self.check_usable, self._has_left, self.fail)
+            deadline = deadline_seconds(ctx.options)
+            if deadline:
+                self._heartbeat = Heartbeat(self._live_peers, deadline, self._silent,
+                                            f"procgroup-tcp-heartbeat-g{ctx.group_id}")
         except BaseException:
             self.close()
             raise
@@ -137,27 +153,75 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     def peer_failed(self, peer: Peer, exc: PeerError) -> None:
         """A connection dropped without goodbye: break the channel for every caller, and
         tell the other peers which rank it was (they may see this rank go next, and must
-        not blame it)."""
-        if not self._break(peer, exc):
+        not blame it; a later death is told too, so every survivor learns of each)."""
+        if self._closed:
+            peer.fail_current(exc)
+            return
+        self._break(peer, exc)
+        if not self.peer_died(peer.rank):
             return
         body = LOST.pack(peer.global_rank) + str(exc).encode()[:MAX_LOST_BYTES - LOST.size]
         for other in self._peers.values():
-            if other is not peer and not other.left:
+            if other is not peer and not other.left and other.rank not in self.failed_ranks():
                 other.send_notice(body, KIND_PEER_LOST)  # now: this process may exit next
 
     def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
-        """A peer lost rank ``lost``: this channel is broken too, and names that rank."""
-        self._break(peer, PeerError(f"{reason} (reported by rank {peer.global_rank})", rank=lost))
+        """A peer lost rank ``lost``: this channel is broken too, and names that rank; the
+        connection to it is cut (a frozen rank others gave up on is given up on here too)."""
+        exc = PeerError(f"{reason} (reported by rank {peer.global_rank})", rank=lost)
+        self._break(peer, exc)
+        local = self._local_rank(lost)
+        if local is not None and local != self.rank and self.peer_died(local):
+            gone = self._peers.get(local)
+            if gone is not None:
+                gone.kill()
 
-    def _break(self, peer: Peer, exc: PeerError) -> bool:
+    def _local_rank(self, global_rank: int) -> int | None:
+        ranks = self.ctx.global_ranks
+        if not ranks:
+            return global_rank if 0 <= global_rank < self.size else None
+        try:
+            return list(ranks).index(global_rank)
+        except ValueError:
+            return None
+
+    def _break(self, peer: Peer | None, exc: BaseException) -> bool:
         if not self.fail(exc):  # closed or broken already
-            peer.fail_current(exc)
+            if peer is not None:
+                peer.fail_current(exc)
             return False
         self._matcher.fail_all(exc)
         for other in self._peers.values():
             other.fail_pending_sends(exc)
             other.fail_current(exc)
         return True
+
+    # ---------------------------------------------------------------- surviving a death
+    def interrupt(self, exc: BaseException) -> bool:
+        """Break the channel and wake every pending receive, send and arena wait."""
+        return self._break(None, exc)
+
+    def do_control_send(self, dst: int, payload: bytes) -> None:
+        peer = self._peers.get(dst)
+        if peer is None or peer.left:
+            raise PeerError(f"rank {self.ctx.global_rank(dst)} is not reachable", rank=dst)
+        peer.send_notice(payload, KIND_CONTROL, wait=self.timeout)
+
+    def control_message(self, peer: Peer, body: bytes) -> None:
+        self.control_received(peer.rank, body)
+
+    def _live_peers(self) -> list[Peer]:
+        dead = self.failed_ranks()
+        return [p for p in self._peers.values() if not p.left and p.rank not in dead]
+
+    def _silent(self, peer: Peer, silent_for: float) -> None:
+        """The heartbeat found ``peer`` silent past the deadline: it counts as dead."""
+        deadline = self._heartbeat.deadline if self._heartbeat is not None else 0.0
+        self.peer_failed(peer, PeerError(
+            f"rank {peer.global_rank} sent nothing for {silent_for:.1f}s, past the heartbeat deadline of "
+            f"{deadline:g}s (PROCGROUP_HEARTBEAT_TIMEOUT): it is stopped or its host hung; counted as dead",
+            rank=peer.global_rank))
+        peer.kill()
 
     # ---------------------------------------------------------------- point to point
     def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
@@ -250,6 +314,8 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     # ---------------------------------------------------------------- teardown
     def do_close(self) -> None:
         """Say goodbye to every peer, fail what is pending, unmap the arena."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         for peer in self._peers.values():
             peer.close()
         exc = ChannelClosedError("the tcp channel was closed while this call was pending")

@@ -1,0 +1,224 @@
+"""Survivors go on (issue 17): revoke, shrink, agree, failed_ranks on real processes.
+
+Each job starts real ranks (tcp over sockets, or tcp with the shared-memory arena),
+kills one or more of them (os._exit, SIGKILL, SIGSTOP), and checks that every survivor
+sees the death, shrinks, and gets exact results in the new numbering.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import procgroup as pg
+from procgroup.testing import spawn
+
+SHM = {"sockets": {"PROCGROUP_TCP_SHM": "0"}, "shm": {"PROCGROUP_TCP_SHM": "1"}}
+
+
+def _die(how: str) -> None:
+    if how == "exit":
+        os._exit(3)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _exact_ops(old_rank: int, survivors: list[int]) -> dict[str, object]:
+    """all_reduce, broadcast, send/recv in the new numbering; every value is known."""
+    n = pg.get_world_size()
+    me = pg.get_rank()
+    assert n == len(survivors) and me == survivors.index(old_rank)
+    x = np.full(1000, float(old_rank + 1))
+    pg.all_reduce(x)
+    assert np.all(x == sum(r + 1 for r in survivors)), x[:3]
+    big = np.full(300_000, float(me))  # the large-array paths (pipelined ring / arena pieces)
+    pg.all_reduce(big)
+    assert np.all(big == sum(range(n)))
+    b = np.full(7, float(me * 10))
+    pg.broadcast(b, src=n - 1)
+    assert np.all(b == (n - 1) * 10.0)
+    nxt, prv = (me + 1) % n, (me - 1) % n
+    out = np.full(5, float(me), dtype=np.float64)
+    got = np.empty(5)
+    work = pg.isend(out, nxt)
+    pg.recv(got, prv)
+    work.wait()
+    assert np.all(got == prv)
+    pg.barrier()
+    return {"rank": me, "size": n}
+
+
+def one_dies(rank: int, size: int, victim: int, how: str) -> object:
+    x = np.ones(8)
+    pg.all_reduce(x)
+    assert x[0] == size
+    if rank == victim:
+        _die(how)
+    started = time.monotonic()
+    with pytest.raises((pg.PeerError, pg.GroupRevokedError)) as info:
+        y = np.ones(8)
+        pg.all_reduce(y)
+        pg.all_reduce(y)  # a survivor that finished the first before the death fails here
+    detected = time.monotonic() - started
+    err = info.value
+    assert victim in getattr(err, "ranks", ()), (err, getattr(err, "ranks", None))
+    assert pg.failed_ranks() == (victim,)
+    new = pg.shrink(timeout=30)
+    survivors = [r for r in range(size) if r != victim]
+    assert new.ranks == tuple(range(size - 1))
+    result = _exact_ops(rank, survivors)
+    assert pg.failed_ranks() == ()
+    result["detected"] = detected
+    return result
+
+
+@pytest.mark.parametrize("path", ["sockets", "shm"])
+@pytest.mark.parametrize(("size", "victim", "how"), [(4, 2, "exit"), (5, 0, "kill")])
+def test_one_rank_dies_survivors_shrink(path: str, size: int, victim: int, how: str) -> None:
+    results = spawn(one_dies, size, "tcp", args=(victim, how), env=SHM[path], expect_dead=[victim], timeout=60)
+    alive = [r for i, r in enumerate(results) if i != victim]
+    assert sorted(r["rank"] for r in alive) == list(range(size - 1))
+    assert all(r["size"] == size - 1 for r in alive)
+
+
+def two_die_in_turn(rank: int, size: int) -> object:
+    """Rank 0 dies, the survivors shrink; then a middle rank dies, they shrink again."""
+    if rank == 0:
+        _die("kill")
+    with pytest.raises((pg.PeerError, pg.GroupRevokedError)):
+        pg.barrier()
+    pg.shrink(timeout=30)
+    survivors = list(range(1, size))
+    _exact_ops(rank, survivors)
+    victim = 3  # old rank 3: new rank 2
+    if rank == victim:
+        _die("exit")
+    with pytest.raises((pg.PeerError, pg.GroupRevokedError)):
+        pg.barrier()
+    assert pg.failed_ranks() == (survivors.index(victim),)
+    pg.shrink(timeout=30)
+    survivors.remove(victim)
+    return _exact_ops(rank, survivors)
+
+
+def test_two_ranks_die_in_turn() -> None:
+    results = spawn(two_die_in_turn, 6, "tcp", expect_dead=[0, 3], timeout=60)
+    assert sorted(r["rank"] for r in results if r is not None) == [0, 1, 2, 3]
+
+
+def old_handles_fail(rank: int, size: int) -> object:
+    left = pg.new_group([0, 1])
+    right = pg.new_group([2, 3])
+    if rank == 1:
+        _die("exit")
+    with pytest.raises((pg.PeerError, pg.GroupRevokedError)):
+        pg.barrier()
+    pg.shrink(timeout=30)
+    for handle in (left, right):
+        if rank in handle.ranks:
+            with pytest.raises(pg.GroupRevokedError) as info:
+                pg.barrier(group=handle)
+            assert ("[1]" in str(info.value)) == (handle is left), str(info.value)
+    # a new group in the new numbering works
+    g = pg.new_group([0, 2])
+    if pg.get_rank() in (0, 2):
+        x = np.array([float(pg.get_rank())])
+        pg.all_reduce(x, group=g)
+        assert x[0] == 2.0
+    return pg.get_rank()
+
+
+def test_old_group_handles_raise_naming_the_dead() -> None:
+    assert spawn(old_handles_fail, 4, "tcp", expect_dead=[1], timeout=60)[0] == 0
+
+
+def revoke_reaches_everyone(rank: int, size: int) -> object:
+    """Rank 0 revokes while the others wait in a collective on a live peer (rank 0)."""
+    if rank == 0:
+        time.sleep(0.5)
+        pg.revoke()
+    started = time.monotonic()
+    with pytest.raises(pg.GroupRevokedError):
+        pg.barrier()
+    waited = time.monotonic() - started
+    assert pg.agree(True, timeout=20) is True
+    pg.shrink(timeout=30)  # nobody died: the same members, a fresh channel
+    _exact_ops(rank, list(range(size)))
+    return waited
+
+
+def test_revoke_fails_pending_ops_everywhere() -> None:
+    waited = spawn(revoke_reaches_everyone, 4, "tcp", timeout=60)
+    assert all(w < 30 for w in waited[1:])  # not the op timeout (60 s); figures: bench/fault_times.py
+
+
+def agree_with_death(rank: int, size: int) -> object:
+    """agree is an AND; a rank that dies during the call (the coordinator, rank 0, in the
+    second round) leaves every survivor with the same answer."""
+    assert pg.agree(True, timeout=20) is True
+    assert pg.agree(rank != 2, timeout=20) is False
+    if rank == 0:
+        _die("kill")  # the coordinator dies in the call
+    value = pg.agree(rank != 3, timeout=20)
+    assert value is False  # rank 3's False is never lost: it is alive
+    value2 = pg.agree(True, timeout=20)
+    return value, value2, pg.failed_ranks()
+
+
+def test_agree_survives_the_coordinator_dying() -> None:
+    results = spawn(agree_with_death, 5, "tcp", expect_dead=[0], timeout=60)
+    assert {tuple(r[:2]) for r in results[1:]} == {(False, True)}
+    assert all(r[2] == (0,) for r in results[1:])
+
+
+def death_during_shrink(rank: int, size: int) -> object:
+    """Rank 1 dies, and rank 4 dies just as the survivors shrink."""
+    if rank == 1:
+        _die("exit")
+    with pytest.raises((pg.PeerError, pg.GroupRevokedError)):
+        pg.barrier()
+    if rank == 4:
+        _die("kill")  # after the first death is known: in the middle of the others' shrink
+    pg.shrink(timeout=40)
+    return _exact_ops(rank, [0, 2, 3, 5])
+
+
+def test_a_death_during_shrink() -> None:
+    results = spawn(death_during_shrink, 6, "tcp", expect_dead=[1, 4], timeout=60)
+    assert sorted(r["rank"] for r in results if r is not None) == [0, 1, 2, 3]
+
+
+def frozen_rank(rank: int, size: int) -> object:
+    """A SIGSTOPped rank counts as dead after the heartbeat deadline; a slow one never."""
+    pids = [None] * size
+    pg.all_gather_object(pids, os.getpid())
+    if rank == 1:
+        time.sleep(3.0)  # slow, not dead: longer than the deadline (1.5 s), heartbeats go on
+    pg.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises((pg.PeerError, pg.GroupRevokedError)):
+        pg.barrier()
+    detected = time.monotonic() - started
+    pg.shrink(timeout=30)
+    if pg.get_rank() == 0:
+        os.kill(pids[2], signal.SIGKILL)
+    _exact_ops(rank, [0, 1, 3])
+    return detected
+
+
+def test_frozen_rank_counts_as_dead_slow_rank_does_not() -> None:
+    env = {"PROCGROUP_HEARTBEAT_TIMEOUT": "1.5"}
+    results = spawn(frozen_rank, 4, "tcp", env=env, expect_dead=[2], timeout=60)
+    assert all(d < 30 for i, d in enumerate(results) if i != 2)
+
+
+def unsupported_plugin(rank: int, size: int) -> object:
+    from procgroup.testing import minimal_channel  # noqa: F401 - registers nothing, for the class
+
+    channel = pg.group_channel()
+    return channel.survives
