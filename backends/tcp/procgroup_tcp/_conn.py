@@ -498,7 +498,8 @@ class Peer:
         """Say goodbye (unless the peer is gone) and close the socket."""
         self._closing = True
         # a sender stuck on a dead peer must not hold up teardown for long
-        if not self.left and self._send_error is None and self._send_lock.acquire(timeout=1.0):
+        # a broken channel still says goodbye to the live: they must not count this rank dead
+        if not self.left and self._send_lock.acquire(timeout=1.0):
             try:
                 self.sock.settimeout(1.0)
                 self.sock.sendall(_wire.pack_header(_wire.KIND_GOODBYE, b"B", 0, self._seq_out, 0))

@@ -75,6 +75,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._init_fingerprints({})
         self._peers: dict[int, Peer] = {}
         self._shm: SharedMemoryArena | None = None
+        self._broken_shm: SharedMemoryArena | None = None  # the arena of a broken channel, unused
         self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post)
         self._heartbeat: Heartbeat | None = None
         if ctx.size == 1:
@@ -194,6 +195,8 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         for other in self._peers.values():
             other.fail_pending_sends(exc)
             other.fail_current(exc)
+        if self._shm is not None:  # later ops take the socket path, whose first check raises
+            self._broken_shm, self._shm = self._shm, None
         return True
 
     # ---------------------------------------------------------------- surviving a death
@@ -322,8 +325,9 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._matcher.fail_all(exc)
         for peer in self._peers.values():
             peer.fail_current(exc)
-        if self._shm is not None:
-            self._shm.close()
+        for arena in (self._shm, self._broken_shm):
+            if arena is not None:
+                arena.close()
 
 
 class TcpSubChannel(Fingerprinted, SubChannel):

@@ -300,11 +300,11 @@ class DataChannel(abc.ABC):
             if self._closed:
                 return
             self._closed = True
+        if self._survival is not None:
+            self._survival.stop()  # what this rank owes the others goes out first
         try:
             self.do_close()
         finally:
-            if self._survival is not None:
-                self._survival.stop()
             if self._agreement is not None:
                 self._agreement.close()
             self._executor.shutdown()

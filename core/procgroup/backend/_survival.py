@@ -68,12 +68,17 @@ class Survival:
         self._announced: set[int] = set()
         self._outbox: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
+        self._drained = threading.Condition()
+        self._unsent = 0
 
     # ------------------------------------------------------------ messages
     def _post(self, dst: int, **msg: Any) -> None:
         """Queue a control message; one thread sends them in order (a reader thread
         must never block on a socket)."""
         msg["g"] = self.gid
+        log.debug("control -> %d: %s", dst, msg)
+        with self._drained:
+            self._unsent += 1
         self._outbox.put((dst, json.dumps(msg, separators=(",", ":")).encode()))
         if self._sender is None:
             self._sender = threading.Thread(target=self._send_loop, daemon=True,
@@ -90,9 +95,20 @@ class Survival:
                 self.ch.do_control_send(dst, body)
             except Exception as exc:  # noqa: BLE001 - a dead peer is reported by its reader
                 log.debug("control message to rank %d not sent: %s", dst, exc)
+            with self._drained:
+                self._unsent -= 1
+                if not self._unsent:
+                    self._drained.notify_all()
+
+    def drain(self, timeout: float) -> None:
+        """Wait until every queued control message is out (a decision this rank owes
+        the others must leave before the caller may exit or close the channel)."""
+        with self._drained:
+            self._drained.wait_for(lambda: not self._unsent, timeout)
 
     def stop(self) -> None:
         if self._sender is not None:
+            self.drain(1.0)
             self._outbox.put(None)
 
     def _live_others(self) -> list[int]:
@@ -104,6 +120,7 @@ class Survival:
     def received(self, src: int, msg: dict[str, Any]) -> None:
         """A control message from ``src`` (a reader thread); malformed ones are dropped."""
         kind = msg.get("t")
+        log.debug("control <- %d: %s (dead: %s)", src, msg, sorted(self.dead))
         with self.cond:
             if src in self.dead or not 0 <= src < self.size:
                 return
@@ -210,6 +227,7 @@ class Survival:
             self.dead |= decision.dead
         for r in sorted(new):
             self.ch.peer_died(r, PeerError(f"rank {r} was counted dead by the survivors' agreement", rank=r))
+        self.drain(max(deadline - time.monotonic(), 1.0))
         return decision
 
     def _coordinate(self, i: int, extra: Callable[[], bytes] | None) -> None:
