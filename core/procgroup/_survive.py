@@ -15,6 +15,8 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from . import _ops, _state
 from ._settings import timeout_seconds
 from .backend import ChannelContext, DataChannel, choose_address
@@ -49,7 +51,7 @@ def failed_ranks(group: Any = None) -> tuple[int, ...]:
 def agree(flag: bool, group: Any = None, timeout: Any = None) -> bool:
     """The AND of ``flag`` over the live members of ``group``, the same on every survivor
     even when a member dies during the call (ULFM's agreement). Collective."""
-    if not isinstance(flag, (bool, int)) or isinstance(flag, float):
+    if not isinstance(flag, (bool, int, np.bool_)):
         raise InvalidArgumentError(f"agree: flag must be a bool, got {type(flag).__name__}")
     g = _state.member(group, "agree")
     secs = _timeout(timeout)
