@@ -219,9 +219,60 @@ def test_frozen_rank_counts_as_dead_slow_rank_does_not() -> None:
     assert all(d < 30 for i, d in enumerate(results) if i != 2)
 
 
-def unsupported_plugin(rank: int, size: int) -> object:
-    from procgroup.testing import minimal_channel  # noqa: F401 - registers nothing, for the class
+def gloo_rank_dies(rank: int, size: int) -> object:
+    x = np.ones(4)
+    pg.all_reduce(x)
+    if rank == 1:
+        _die("kill")
+    with pytest.raises((pg.PeerError, pg.GroupRevokedError)):
+        pg.all_reduce(x)
+        pg.all_reduce(x)
+    assert 1 in pg.failed_ranks()
+    pg.shrink(timeout=60)
+    assert pg.get_backend() == "gloo"
+    return _exact_ops(rank, [0, 2, 3])
 
-    channel = pg.group_channel()
-    return channel.survives
 
+def test_gloo_survivors_shrink_to_a_new_gloo_context() -> None:
+    pytest.importorskip("pygloo", reason="the gloo backend needs pygloo (the CPython 3.10 leg has it)")
+    results = spawn(gloo_rank_dies, 4, "gloo", expect_dead=[1], timeout=60)
+    assert [r["rank"] for r in results if r is not None] == [0, 1, 2]
+
+
+def mpi_refuses(rank: int, size: int) -> object:
+    with pytest.raises(pg.errors.UnsupportedOperationError, match="ULFM"):
+        pg.shrink()
+    with pytest.raises(pg.errors.UnsupportedOperationError, match="ULFM"):
+        pg.agree(True)
+    return True
+
+
+def test_mpi_says_it_cannot_shrink() -> None:
+    pytest.importorskip("mpi4py", reason="the mpi backend needs mpi4py")
+    assert spawn(mpi_refuses, 2, "mpi", launcher="mpiexec", init_method=None, timeout=60) == [True, True]
+
+
+class _SendRecvOnly(pg.DataChannel):
+    """A third-party plugin with point-to-point only (no control plane)."""
+
+    def __init__(self, ctx: pg.ChannelContext) -> None:
+        super().__init__(ctx)
+
+    def do_send(self, array: object, dst: int, tag: int = 0) -> None:
+        raise AssertionError("not used")
+
+    def do_recv(self, array: object, src: int | None = None, tag: int = 0) -> int:
+        raise AssertionError("not used")
+
+
+def test_a_plugin_without_the_hooks_gets_a_clear_error() -> None:
+    from procgroup.backend import ChannelContext
+    from procgroup.rendezvous import HashStore
+
+    channel = _SendRecvOnly(ChannelContext(rank=0, size=1, store=HashStore(), timeout=5.0))
+    assert not channel.survives
+    for call in (channel.revoke, lambda: channel.agree(True, 1.0), lambda: channel.do_shrink(channel.ctx)):
+        with pytest.raises(pg.errors.UnsupportedOperationError, match="do_control_send"):
+            call()
+    assert channel.failed_ranks() == ()
+    channel.close()

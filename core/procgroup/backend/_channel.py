@@ -145,7 +145,9 @@ class DataChannel(abc.ABC):
         self._failure: BaseException | None = None
         self._state_lock = threading.Lock()
         self._agreement = _debug.for_channel(self)
-        self._children: dict[int, SubChannel] = {}  # sub-groups on this transport, by group id
+        #: channels riding on this one's control plane (sub-groups, gloo over its side
+        #: channel), by control id, with this channel's rank -> theirs
+        self._children: dict[int, tuple[DataChannel, dict[int, int]]] = {}
         # the caller-facing p2p calls, bound once: they are on every message's path
         self.send = self.blocking("send")  # type: ignore[method-assign]
         self.recv = self.blocking("recv")  # type: ignore[method-assign]
@@ -322,6 +324,8 @@ class DataChannel(abc.ABC):
     def do_control_send(self, dst: int, payload: bytes) -> None:
         """Hook: send a small control message to ``dst``; it must still go out after the
         channel failed or was revoked, as long as ``dst`` lives. Best effort."""
+        if self.shrink_unsupported:
+            raise UnsupportedOperationError(self.shrink_unsupported)
         raise UnsupportedOperationError(
             f"the {self.backend_name or 'this'} backend cannot survive a death: it has no control plane "
             f"(DataChannel.do_control_send; docs/plugins.md)")
@@ -347,12 +351,12 @@ class DataChannel(abc.ABC):
             log.warning("dropped a malformed control message from rank %d", src)
             return
         gid = msg["g"]
-        if gid == self.ctx.group_id:
+        if gid == self.control_id:
             self.survival().received(src, msg)
             return
-        child = self._children.get(gid)
-        if child is not None and src in child._index:
-            child.control_received(child._index[src], payload)
+        found = self._children.get(gid)
+        if found is not None and src in found[1]:
+            found[0].control_received(found[1][src], payload)
 
     def peer_died(self, rank: int, exc: BaseException | None = None) -> bool:
         """Called by the backend when it knows channel rank ``rank`` is dead: record it,
@@ -365,10 +369,20 @@ class DataChannel(abc.ABC):
             failure.ranks = tuple(sorted(self._survival.dead))
         if exc is not None:
             self.interrupt(exc)
-        for child in list(self._children.values()):
-            if rank in child._index:
-                child.peer_died(child._index[rank], exc)
+        for child, index in list(self._children.values()):
+            if rank in index:
+                child.peer_died(index[rank], exc if exc is not None else self._failure)
         return True
+
+    @property
+    def control_id(self) -> int:
+        """What this channel's control messages carry to reach it: its group id."""
+        return self.ctx.group_id
+
+    def carry_control(self, child: "DataChannel", index: dict[int, int]) -> None:
+        """Route ``child``'s control messages and deaths through this channel (``index``:
+        this channel's rank -> the child's); a channel riding on this one calls it."""
+        self._children[child.control_id] = (child, index)
 
     def interrupt(self, exc: BaseException) -> bool:
         """Hook: break the channel with ``exc`` and wake every pending call. The base
@@ -421,7 +435,7 @@ class SubChannel(DataChannel):
         self._ranks = tuple(ranks)
         self._index = {r: i for i, r in enumerate(self._ranks)}
         self._user_tag_base = GROUP_P2P_TAG_BASE + ctx.group_id * MAX_USER_TAG
-        parent._children[ctx.group_id] = self  # control messages and deaths reach it
+        parent.carry_control(self, self._index)  # control messages and deaths reach it
 
     @property
     def survives(self) -> bool:
@@ -440,7 +454,7 @@ class SubChannel(DataChannel):
         return type(root)(ctx)
 
     def do_close(self) -> None:
-        self._parent._children.pop(self.ctx.group_id, None)
+        self._parent._children.pop(self.control_id, None)
 
     def _tag(self, tag: int) -> int:
         return tag if tag >= MAX_USER_TAG else self._user_tag_base + tag

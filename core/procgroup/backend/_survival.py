@@ -55,7 +55,7 @@ class Survival:
         self.ch = channel
         self.rank = channel.rank
         self.size = channel.size
-        self.gid = channel.ctx.group_id
+        self.gid = channel.control_id
         self.cond = threading.Condition()
         self.dead: set[int] = set()
         self.revoked = False
