@@ -30,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def rank_main(rank: int, size: int, stamp_dir: str) -> dict[str, float] | None:
     import numpy as np
-
     import procgroup as pg
 
     victim = size // 2

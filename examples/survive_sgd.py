@@ -20,7 +20,6 @@ import os
 import signal
 
 import numpy as np
-
 import procgroup as pg
 
 ROWS, FEATURES = 4096, 16

@@ -24,7 +24,7 @@ SAFETY = 180
 
 
 def launch(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "procgroup.run", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "procgroup.run", *args], capture_output=True, text=True, check=False,
                           timeout=SAFETY, stdin=subprocess.DEVNULL)
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,6 @@ from ._settings import timeout_seconds
 from .backend import ChannelContext, DataChannel, choose_address
 from .errors import (
     CommTimeoutError,
-    GroupRevokedError,
     InvalidArgumentError,
     PeerError,
     ProcGroupError,
@@ -253,7 +253,7 @@ def _close_quietly(*things: Any) -> None:
     for thing in things:
         try:
             thing.close()
-        except Exception:  # noqa: BLE001 - a failed attempt is being discarded
+        except Exception:
             log.debug("closing %r failed", thing, exc_info=True)
 
 

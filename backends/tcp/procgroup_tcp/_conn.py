@@ -61,7 +61,7 @@ class PeerEvents(abc.ABC):
     def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
         """``peer`` reports it lost world rank ``lost`` (the root cause of what follows)."""
 
-    def control_message(self, peer: Peer, body: bytes) -> None:  # noqa: B027 - optional
+    def control_message(self, peer: Peer, body: bytes) -> None:
         """``peer`` sent a fault-tolerance control message (revoke, the agreement)."""
 
     @abc.abstractmethod

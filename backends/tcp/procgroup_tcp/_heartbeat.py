@@ -76,7 +76,7 @@ class Heartbeat:
                 if silent > self.deadline:
                     try:
                         self._on_silent(peer, silent)
-                    except Exception:  # noqa: BLE001 - keep watching the others
+                    except Exception:
                         log.warning("reporting a silent peer failed", exc_info=True)
 
 

@@ -59,7 +59,7 @@ class ChannelContext:
     job_key: bytes | None = None
     #: Set-up waits call it often; it raises to abandon the set-up (shrink: a member of
     #: the new channel died meanwhile). None outside shrink.
-    abort: "Callable[[], None] | None" = None
+    abort: Callable[[], None] | None = None
 
     def global_rank(self, rank: int) -> int:
         """The world rank of channel rank ``rank`` (for error messages)."""

@@ -25,8 +25,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CommTimeoutError, GroupRevokedError, PeerError
 
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: The largest control message a member accepts (a decision names every dead rank).
 MAX_CONTROL_BYTES = 64 * 1024
+#: Calls whose records are kept, to answer a member still finishing one of them.
+_KEEP = 16
 
 
 @dataclass(frozen=True)
@@ -225,10 +228,20 @@ class Survival:
                                 rank=self.rank, ranks=sorted(decision.dead))
             new = decision.dead - self.dead
             self.dead |= decision.dead
+            self._forget(i - _KEEP)
         for r in sorted(new):
             self.ch.peer_died(r, PeerError(f"rank {r} was counted dead by the survivors' agreement", rank=r))
         self.drain(max(deadline - time.monotonic(), 1.0))
         return decision
+
+    def _forget(self, below: int) -> None:
+        """Drop the records of old calls (a loop that agrees each step must not grow). A
+        live member is never more than one call behind: a call cannot finish without it."""
+        for table in (self._decided, self._mine, self._contribs, self._following):
+            for old in [k for k in table if k < below]:
+                del table[old]  # type: ignore[attr-defined]
+        self._queried = {k for k in self._queried if k >= below}
+        self._announced = {k for k in self._announced if k >= below}
 
     def _coordinate(self, i: int, extra: Callable[[], bytes] | None) -> None:
         """Under the lock: ask once, then decide once every live member has answered."""
