@@ -345,11 +345,13 @@ class DataChannel(abc.ABC):
             return self._survival
 
     def control_received(self, src: int, payload: bytes) -> None:
-        """Called by the backend (any thread) with a control message from ``src``."""
+        """Called by the backend (any thread) with a control message from ``src``; raises
+        PeerError when it is malformed (the backend then closes that connection)."""
         msg = parse(payload)
-        if msg is None:
-            log.warning("dropped a malformed control message from rank %d", src)
-            return
+        if msg is None:  # the transport closes that connection, as for any malformed frame
+            who = self.ctx.global_rank(src)
+            raise PeerError(f"rank {who} sent a malformed control message: the stream is corrupt or not "
+                            f"procgroup's; closing the connection to it", rank=who)
         gid = msg["g"]
         if gid == self.control_id:
             self.survival().received(src, msg)
