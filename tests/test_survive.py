@@ -139,6 +139,31 @@ def test_old_group_handles_raise_naming_the_dead() -> None:
     assert spawn(old_handles_fail, 4, "tcp", expect_dead=[1], timeout=60)[0] == 0
 
 
+def subgroup_shrinks(rank: int, size: int) -> object:
+    """A sub-group loses a member and shrinks on its own; then the world shrinks."""
+    g = pg.new_group([1, 2, 3])
+    if rank == 3:
+        _die("exit")
+    if rank in (1, 2):
+        with pytest.raises((pg.PeerError, pg.GroupRevokedError)):
+            pg.barrier(group=g)
+        assert pg.failed_ranks(g) == (2,)  # the group's numbering: world rank 3 is its rank 2
+        new = pg.shrink(group=g, timeout=30)
+        assert new.ranks == (1, 2) and pg.get_rank(new) == rank - 1
+        x = np.array([float(rank)])
+        pg.all_reduce(x, group=new)
+        assert x[0] == 3.0
+        with pytest.raises(pg.GroupRevokedError, match="shrink"):
+            pg.barrier(group=g)
+    pg.shrink(timeout=30)
+    return _exact_ops(rank, [0, 1, 2])
+
+
+def test_a_sub_group_shrinks_on_its_own() -> None:
+    results = spawn(subgroup_shrinks, 4, "tcp", expect_dead=[3], timeout=60)
+    assert [r["size"] for r in results[:3]] == [3, 3, 3]
+
+
 def revoke_reaches_everyone(rank: int, size: int) -> object:
     """Rank 0 revokes while the others wait in a collective on a live peer (rank 0)."""
     if rank == 0:
