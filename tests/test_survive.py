@@ -1,8 +1,10 @@
 """Survivors go on (issue 17): revoke, shrink, agree, failed_ranks on real processes.
 
-Each job starts real ranks (tcp over sockets, or tcp with the shared-memory arena),
+Each job starts real ranks (tcp over sockets, or tcp with the shared-memory arena; gloo),
 kills one or more of them (os._exit, SIGKILL, SIGSTOP), and checks that every survivor
-sees the death, shrinks, and gets exact results in the new numbering.
+sees the death, shrinks, and gets exact results in the new numbering. Promptness is
+structural, never timed: the op timeout (600 s) is far beyond the job's, so a survivor
+that waited for it instead of hearing of the death fails the job.
 """
 
 from __future__ import annotations
@@ -60,12 +62,10 @@ def one_dies(rank: int, size: int, victim: int, how: str) -> object:
     assert x[0] == size
     if rank == victim:
         _die(how)
-    started = time.monotonic()
     with pytest.raises((pg.PeerError, pg.GroupRevokedError)) as info:
         y = np.ones(8)
         pg.all_reduce(y)
         pg.all_reduce(y)  # a survivor that finished the first before the death fails here
-    detected = time.monotonic() - started
     err = info.value
     assert victim in getattr(err, "ranks", ()), (err, getattr(err, "ranks", None))
     assert pg.failed_ranks() == (victim,)
@@ -74,14 +74,14 @@ def one_dies(rank: int, size: int, victim: int, how: str) -> object:
     assert new.ranks == tuple(range(size - 1))
     result = _exact_ops(rank, survivors)
     assert pg.failed_ranks() == ()
-    result["detected"] = detected
     return result
 
 
 @pytest.mark.parametrize("path", ["sockets", "shm"])
 @pytest.mark.parametrize(("size", "victim", "how"), [(4, 2, "exit"), (5, 0, "kill")])
 def test_one_rank_dies_survivors_shrink(path: str, size: int, victim: int, how: str) -> None:
-    results = spawn(one_dies, size, "tcp", args=(victim, how), env=SHM[path], expect_dead=[victim], timeout=60)
+    results = spawn(one_dies, size, "tcp", args=(victim, how), env=SHM[path], expect_dead=[victim],
+                    timeout=600, job_timeout=150)
     alive = [r for i, r in enumerate(results) if i != victim]
     assert sorted(r["rank"] for r in alive) == list(range(size - 1))
     assert all(r["size"] == size - 1 for r in alive)
@@ -108,7 +108,7 @@ def two_die_in_turn(rank: int, size: int) -> object:
 
 
 def test_two_ranks_die_in_turn() -> None:
-    results = spawn(two_die_in_turn, 6, "tcp", expect_dead=[0, 3], timeout=60)
+    results = spawn(two_die_in_turn, 6, "tcp", expect_dead=[0, 3], timeout=600, job_timeout=150)
     assert sorted(r["rank"] for r in results if r is not None) == [0, 1, 2, 3]
 
 
@@ -136,7 +136,7 @@ def old_handles_fail(rank: int, size: int) -> object:
 
 
 def test_old_group_handles_raise_naming_the_dead() -> None:
-    assert spawn(old_handles_fail, 4, "tcp", expect_dead=[1], timeout=60)[0] == 0
+    assert spawn(old_handles_fail, 4, "tcp", expect_dead=[1], timeout=600, job_timeout=150)[0] == 0
 
 
 def subgroup_shrinks(rank: int, size: int) -> object:
@@ -160,7 +160,7 @@ def subgroup_shrinks(rank: int, size: int) -> object:
 
 
 def test_a_sub_group_shrinks_on_its_own() -> None:
-    results = spawn(subgroup_shrinks, 4, "tcp", expect_dead=[3], timeout=60)
+    results = spawn(subgroup_shrinks, 4, "tcp", expect_dead=[3], timeout=600, job_timeout=150)
     assert [r["size"] for r in results[:3]] == [3, 3, 3]
 
 
@@ -169,19 +169,40 @@ def revoke_reaches_everyone(rank: int, size: int) -> object:
     if rank == 0:
         time.sleep(0.5)
         pg.revoke()
-    started = time.monotonic()
     with pytest.raises(pg.GroupRevokedError):
         pg.barrier()
-    waited = time.monotonic() - started
     assert pg.agree(True, timeout=20) is True
     pg.shrink(timeout=30)  # nobody died: the same members, a fresh channel
-    _exact_ops(rank, list(range(size)))
-    return waited
+    return _exact_ops(rank, list(range(size)))
 
 
 def test_revoke_fails_pending_ops_everywhere() -> None:
-    waited = spawn(revoke_reaches_everyone, 4, "tcp", timeout=60)
-    assert all(w < 30 for w in waited[1:])  # not the op timeout (60 s); figures: bench/fault_times.py
+    # the op timeout (600 s) is far beyond the job's (120 s): a rank that waited for it
+    # instead of hearing the revoke fails the job (no timed assertion)
+    results = spawn(revoke_reaches_everyone, 4, "tcp", timeout=600, job_timeout=120)
+    assert [r["size"] for r in results] == [4, 4, 4, 4]
+
+
+def chain_learns(rank: int, size: int) -> object:
+    """Rank 0 waits on rank 1 (alive), which waits on rank 2, which dies: rank 0 hears of
+    it at once through rank 1's and its own connections, not at the op timeout."""
+    buf = np.zeros(4)
+    if rank == 2:
+        _die("exit")
+    with pytest.raises(pg.PeerError) as info:
+        if rank == 0:
+            pg.recv(buf, src=1)
+        elif rank == 1:
+            pg.recv(buf, src=2)
+        else:
+            pg.recv(buf, src=0)
+    assert 2 in info.value.ranks, info.value.ranks
+    return pg.failed_ranks()
+
+
+def test_a_rank_waiting_on_a_live_peer_learns_of_a_death() -> None:
+    results = spawn(chain_learns, 4, "tcp", expect_dead=[2], timeout=600, job_timeout=120)
+    assert [r for i, r in enumerate(results) if i != 2] == [(2,), (2,), (2,)]
 
 
 def agree_with_death(rank: int, size: int) -> object:
@@ -199,7 +220,7 @@ def agree_with_death(rank: int, size: int) -> object:
 
 
 def test_agree_survives_the_coordinator_dying() -> None:
-    results = spawn(agree_with_death, 5, "tcp", expect_dead=[0], timeout=60)
+    results = spawn(agree_with_death, 5, "tcp", expect_dead=[0], timeout=600, job_timeout=150)
     assert {tuple(r[:2]) for r in results[1:]} == {(False, True)}
     assert all(r[2] == (0,) for r in results[1:]), results
 
@@ -217,7 +238,7 @@ def death_during_shrink(rank: int, size: int) -> object:
 
 
 def test_a_death_during_shrink() -> None:
-    results = spawn(death_during_shrink, 6, "tcp", expect_dead=[1, 4], timeout=60)
+    results = spawn(death_during_shrink, 6, "tcp", expect_dead=[1, 4], timeout=600, job_timeout=150)
     assert sorted(r["rank"] for r in results if r is not None) == [0, 1, 2, 3]
 
 
@@ -230,21 +251,18 @@ def frozen_rank(rank: int, size: int) -> object:
     pg.barrier()
     if rank == 2:
         os.kill(os.getpid(), signal.SIGSTOP)
-    started = time.monotonic()
     with pytest.raises((pg.PeerError, pg.GroupRevokedError)):
         pg.barrier()
-    detected = time.monotonic() - started
     pg.shrink(timeout=30)
     if pg.get_rank() == 0:
         os.kill(pids[2], signal.SIGKILL)
-    _exact_ops(rank, [0, 1, 3])
-    return detected
+    return _exact_ops(rank, [0, 1, 3])
 
 
 def test_frozen_rank_counts_as_dead_slow_rank_does_not() -> None:
-    env = {"PROCGROUP_HEARTBEAT_TIMEOUT": "2.5"}
-    results = spawn(frozen_rank, 4, "tcp", env=env, expect_dead=[2], timeout=60)
-    assert all(d < 30 for i, d in enumerate(results) if i != 2)
+    env = {"PROCGROUP_HEARTBEAT_TIMEOUT": "2.5"}  # the op timeout (600 s) would fail the job first
+    results = spawn(frozen_rank, 4, "tcp", env=env, expect_dead=[2], timeout=600, job_timeout=120)
+    assert [i for i, d in enumerate(results) if d is not None] == [0, 1, 3]
 
 
 def gloo_rank_dies(rank: int, size: int) -> object:
@@ -263,7 +281,7 @@ def gloo_rank_dies(rank: int, size: int) -> object:
 
 def test_gloo_survivors_shrink_to_a_new_gloo_context() -> None:
     pytest.importorskip("pygloo", reason="the gloo backend needs pygloo (the CPython 3.10 leg has it)")
-    results = spawn(gloo_rank_dies, 4, "gloo", expect_dead=[1], timeout=60)
+    results = spawn(gloo_rank_dies, 4, "gloo", expect_dead=[1], timeout=600, job_timeout=150)
     assert [r["rank"] for r in results if r is not None] == [0, 1, 2]
 
 
