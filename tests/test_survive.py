@@ -242,6 +242,29 @@ def test_a_death_during_shrink() -> None:
     assert sorted(r["rank"] for r in results if r is not None) == [0, 1, 2, 3]
 
 
+def death_while_building(rank: int, size: int) -> object:
+    """Rank 3 takes part in the agreement, then dies while the new channel is being built:
+    the survivors abandon that attempt and agree again without it."""
+    if rank == 1:
+        _die("exit")
+    with pytest.raises((pg.PeerError, pg.GroupRevokedError)):
+        pg.barrier()
+    channel = pg.group_channel()
+    if rank == 3:
+        def die_in_build(ctx: object) -> object:
+            os.kill(os.getpid(), signal.SIGKILL)  # no grace: mid-shrink
+            raise AssertionError("unreachable")
+
+        channel.do_shrink = die_in_build  # type: ignore[method-assign]
+    pg.shrink(timeout=60)
+    return _exact_ops(rank, [0, 2, 4])
+
+
+def test_a_death_while_the_new_channel_is_built() -> None:
+    results = spawn(death_while_building, 5, "tcp", expect_dead=[1, 3], timeout=600, job_timeout=150)
+    assert [r["rank"] for r in results if r is not None] == [0, 1, 2]
+
+
 def frozen_rank(rank: int, size: int) -> object:
     """A SIGSTOPped rank counts as dead after the heartbeat deadline; a slow one never."""
     pids = [None] * size
