@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from procgroup._launch.options import LaunchOptions
 from procgroup.errors import InvalidArgumentError
 

@@ -14,9 +14,8 @@ import signal
 import time
 
 import numpy as np
-import pytest
-
 import procgroup as pg
+import pytest
 from procgroup.testing import spawn
 
 SHM = {"sockets": {"PROCGROUP_TCP_SHM": "0"}, "shm": {"PROCGROUP_TCP_SHM": "1"}}

@@ -14,9 +14,8 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
-
 import procgroup as pg
+import pytest
 from procgroup.testing import spawn
 
 _PROBE = (
