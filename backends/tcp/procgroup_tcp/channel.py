@@ -158,8 +158,9 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         if self._closed:
             peer.fail_current(exc)
             return
-        self._break(peer, exc)
-        if not self.peer_died(peer.rank):
+        first = self.peer_died(peer.rank, exc)  # recorded before the callers wake (failed_ranks)
+        peer.fail_current(exc)
+        if not first:
             return
         body = LOST.pack(peer.global_rank) + str(exc).encode()[:MAX_LOST_BYTES - LOST.size]
         for other in self._peers.values():
@@ -170,9 +171,10 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         """A peer lost rank ``lost``: this channel is broken too, and names that rank; the
         connection to it is cut (a frozen rank others gave up on is given up on here too)."""
         exc = PeerError(f"{reason} (reported by rank {peer.global_rank})", rank=lost)
-        self._break(peer, exc)
         local = self._local_rank(lost)
-        if local is not None and local != self.rank and self.peer_died(local):
+        if local is None or local == self.rank:
+            self._break(peer, exc)
+        elif self.peer_died(local, exc):  # recorded, then the channel breaks
             gone = self._peers.get(local)
             if gone is not None:
                 gone.kill()

@@ -367,8 +367,8 @@ class DataChannel(abc.ABC):
         if self.survives and not self.survival().died(rank):
             return False
         failure = self._failure
-        if isinstance(failure, PeerError) and self._survival is not None:
-            failure.ranks = tuple(sorted(self._survival.dead))
+        if isinstance(failure, PeerError) and self._survival is not None:  # world ranks, as .rank
+            failure.ranks = tuple(self.ctx.global_rank(r) for r in sorted(self._survival.dead))
         if exc is not None:
             self.interrupt(exc)
         for child, index in list(self._children.values()):
