@@ -223,12 +223,14 @@ def destroy_process_group(group: Any = None) -> None:
             _close_group(g)
         _close_group(st.world)
         _close_quietly(st.store)
+        for thing in st.retired:  # what shrink() replaced (channels, stores, store servers)
+            _close_quietly(thing)
         _state.state = None
         atexit.unregister(destroy_process_group)
 
 
 def _close_quietly(store: Any) -> None:
-    close = getattr(store, "close", None)
+    close = getattr(store, "close", None) or getattr(store, "stop", None)
     if close is not None:
         try:
             close()

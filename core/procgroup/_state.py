@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from . import arrays
 from .backend import BackendSpec, ChannelContext, DataChannel
-from .errors import BackendNotFoundError, InvalidArgumentError, NotInitializedError
+from .errors import BackendNotFoundError, GroupRevokedError, InvalidArgumentError, NotInitializedError
 from .groups import Group, GroupMember
 from .plugins import load_channel_class, side_channel_spec
 
@@ -34,6 +34,8 @@ class State:
     local_size: int | None = None
     #: the job's key (procgroup._auth.job_key): every connection a channel opens proves it
     job_key: bytes | None = None
+    #: channels, stores and store servers that shrink() replaced; closed at destroy
+    retired: list[Any] = field(default_factory=list)
 
 
 state: State | None = None
@@ -65,6 +67,8 @@ def member(group: Any, op: str) -> Group:
     if not g.is_member:
         raise InvalidArgumentError(f"{op}: rank {world().world.rank} is not a member of group {list(g.ranks)}")
     if g.channel is None:
+        if g.retired:
+            raise GroupRevokedError(f"{op}: {g.retired}")
         raise NotInitializedError(f"{op}: the group was destroyed")
     return g
 

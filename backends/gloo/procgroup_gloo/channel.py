@@ -35,10 +35,12 @@ from procgroup.backend import (
     host_address,
     late_peers,
     poll,
+    setting,
 )
 from procgroup.errors import (
     BackendNotFoundError,
     CommTimeoutError,
+    GroupRevokedError,
     PeerError,
     ProcGroupError,
 )
@@ -62,7 +64,16 @@ def open_side_channel(ctx: ChannelContext) -> DataChannel:
     (it carries point-to-point and fallbacks only)."""
     if ctx.open_side_channel is None:
         raise BackendNotFoundError("backend 'gloo' needs a host side channel, and this context offers none")
-    return ctx.open_side_channel(dataclasses.replace(ctx, options={**ctx.options, "shm": False}))
+    options = {**ctx.options, "shm": False}
+    # a rank blocked in a gloo call holds its GIL, so its heartbeats stop: the side channel
+    # waits longer than gloo's own timeout before it counts such a rank dead
+    beat, _ = setting("heartbeat_timeout", "PROCGROUP_HEARTBEAT_TIMEOUT", "10", ctx.options)
+    try:
+        if 0 < float(beat) < _options.GLOO_TIMEOUT + 5:
+            options["heartbeat_timeout"] = _options.GLOO_TIMEOUT + 5
+    except ValueError:
+        pass  # "off", or a bad value the side channel reports
+    return ctx.open_side_channel(dataclasses.replace(ctx, options=options))
 
 
 class GlooChannel(DataChannel):
@@ -95,13 +106,15 @@ class GlooChannel(DataChannel):
             except BaseException:
                 p2p.close()
                 raise
+        p2p.carry_control(self, {r: r for r in range(ctx.size)})  # revoke/agree/deaths reach it
         log.debug("gloo channel rank %d/%d (group %d) ready", ctx.rank, ctx.size, ctx.group_id)
 
     # ------------------------------------------------------------------ point to point
     # Both forms: the blocking one is the side channel's own blocking call, cheaper than
     # a started one; the started one is the side channel's (native) isend/irecv.
     def _check_open(self) -> None:
-        if self._closed:  # p2p stays usable after a gloo failure: only closing ends it
+        # p2p stays usable after a gloo failure: only closing (or a revoke) ends it
+        if self._closed or isinstance(self._failure, GroupRevokedError):
             self.check_usable()
 
     def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
@@ -297,6 +310,23 @@ class GlooChannel(DataChannel):
         self.check_usable()
         self._arrive("barrier")
 
+    # ------------------------------------------------------------------ surviving a death
+    # The control plane is the side channel's (docs/fault-tolerance.md); shrink builds a
+    # new GlooChannel (a new side channel and gloo context) over the survivors' new Store.
+    @property
+    def control_id(self) -> int:
+        return -1 - self.ctx.group_id  # apart from the side channel's own group id
+
+    def do_control_send(self, dst: int, payload: bytes) -> None:
+        self._p2p.do_control_send(dst, payload)
+
+    def interrupt(self, exc: BaseException) -> bool:
+        """Break the channel and close the gloo connections: a peer blocked in a gloo
+        call (holding its GIL, deaf to notices) fails at once instead of after 30 s."""
+        first = self.fail(exc)
+        self._close_gloo()
+        return first
+
     # ------------------------------------------------------------------ groups
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
         """A gloo context of the group's own, its keys exchanged over the side channel."""
@@ -307,6 +337,7 @@ class GlooChannel(DataChannel):
     # ------------------------------------------------------------------ teardown
     def do_close(self) -> None:
         self._close_gloo()
+        self._p2p._children.pop(self.control_id, None)
         self._p2p.close()
 
 

@@ -49,10 +49,21 @@ from procgroup.ops import ReduceOp
 from ._collectives import Plan
 from ._conn import Peer, PeerEvents, connect_mesh, left_error
 from ._fingerprints import Fingerprinted
+from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._p2p import OutLink, ShmP2P, open_p2p
 from ._shm import SharedMemoryArena, all_on_one_host
-from ._wire import KIND_MISMATCH, KIND_PEER_LOST, LOST, MAX_LOST_BYTES, NO_FP, NOTICE, byte_view, dtype_code
+from ._wire import (
+    KIND_CONTROL,
+    KIND_MISMATCH,
+    KIND_PEER_LOST,
+    LOST,
+    MAX_LOST_BYTES,
+    NO_FP,
+    NOTICE,
+    byte_view,
+    dtype_code,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +81,12 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._init_fingerprints({})
         self._peers: dict[int, Peer] = {}
         self._shm: SharedMemoryArena | None = None
+        self._broken_shm: SharedMemoryArena | None = None  # the arena of a broken channel, unused
         self._p2p: ShmP2P | None = None
         self._shm_out: dict[int, OutLink] = {}  # same-host peers whose messages go through shared memory
         self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post)
         self._plan = Plan()  # which algorithm runs a collective over the sockets
+        self._heartbeat: Heartbeat | None = None
         if ctx.size == 1:
             return
         sockets = connect_mesh(ctx, host_address(ctx))
@@ -94,6 +107,10 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
                 self._matcher.progress = self._p2p.progress
                 self._matcher.wait_until = self._p2p.wait_until
                 self._matcher.wake = self._p2p.bell.ring
+            deadline = deadline_seconds(ctx.options)
+            if deadline:
+                self._heartbeat = Heartbeat(self._live_peers, deadline, self._silent,
+                                            f"procgroup-tcp-heartbeat-g{ctx.group_id}")
         except BaseException:
             self.close()
             raise
@@ -169,21 +186,44 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     def peer_failed(self, peer: Peer, exc: PeerError) -> None:
         """A connection dropped without goodbye: break the channel for every caller, and
         tell the other peers which rank it was (they may see this rank go next, and must
-        not blame it)."""
-        if not self._break(peer, exc):
+        not blame it; a later death is told too, so every survivor learns of each)."""
+        if self._closed:
+            peer.fail_current(exc)
+            return
+        first = self.peer_died(peer.rank, exc)  # recorded before the callers wake (failed_ranks)
+        peer.fail_current(exc)
+        if not first:
             return
         body = LOST.pack(peer.global_rank) + str(exc).encode()[:MAX_LOST_BYTES - LOST.size]
         for other in self._peers.values():
-            if other is not peer and not other.left:
+            if other is not peer and not other.left and other.rank not in self.failed_ranks():
                 other.send_notice(body, KIND_PEER_LOST)  # now: this process may exit next
 
     def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
-        """A peer lost rank ``lost``: this channel is broken too, and names that rank."""
-        self._break(peer, PeerError(f"{reason} (reported by rank {peer.global_rank})", rank=lost))
+        """A peer lost rank ``lost``: this channel is broken too, and names that rank; the
+        connection to it is cut (a frozen rank others gave up on is given up on here too)."""
+        exc = PeerError(f"{reason} (reported by rank {peer.global_rank})", rank=lost)
+        local = self._local_rank(lost)
+        if local is None or local == self.rank:
+            self._break(peer, exc)
+        elif self.peer_died(local, exc):  # recorded, then the channel breaks
+            gone = self._peers.get(local)
+            if gone is not None:
+                gone.kill()
 
-    def _break(self, peer: Peer, exc: PeerError) -> bool:
+    def _local_rank(self, global_rank: int) -> int | None:
+        ranks = self.ctx.global_ranks
+        if not ranks:
+            return global_rank if 0 <= global_rank < self.size else None
+        try:
+            return list(ranks).index(global_rank)
+        except ValueError:
+            return None
+
+    def _break(self, peer: Peer | None, exc: BaseException) -> bool:
         if not self.fail(exc):  # closed or broken already
-            peer.fail_current(exc)
+            if peer is not None:
+                peer.fail_current(exc)
             return False
         self._matcher.fail_all(exc)
         if self._p2p is not None:
@@ -191,7 +231,36 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         for other in self._peers.values():
             other.fail_pending_sends(exc)
             other.fail_current(exc)
+        if self._shm is not None:  # later ops take the socket path, whose first check raises
+            self._broken_shm, self._shm = self._shm, None
         return True
+
+    # ---------------------------------------------------------------- surviving a death
+    def interrupt(self, exc: BaseException) -> bool:
+        """Break the channel and wake every pending receive, send and arena wait."""
+        return self._break(None, exc)
+
+    def do_control_send(self, dst: int, payload: bytes) -> None:
+        peer = self._peers.get(dst)
+        if peer is None or peer.left:
+            raise PeerError(f"rank {self.ctx.global_rank(dst)} is not reachable", rank=dst)
+        peer.send_notice(payload, KIND_CONTROL, wait=self.timeout)
+
+    def control_message(self, peer: Peer, body: bytes) -> None:
+        self.control_received(peer.rank, body)
+
+    def _live_peers(self) -> list[Peer]:
+        dead = self.failed_ranks()
+        return [p for p in self._peers.values() if not p.left and p.rank not in dead]
+
+    def _silent(self, peer: Peer, silent_for: float) -> None:
+        """The heartbeat found ``peer`` silent past the deadline: it counts as dead."""
+        deadline = self._heartbeat.deadline if self._heartbeat is not None else 0.0
+        self.peer_failed(peer, PeerError(
+            f"rank {peer.global_rank} sent nothing for {silent_for:.1f}s, past the heartbeat deadline of "
+            f"{deadline:g}s (PROCGROUP_HEARTBEAT_TIMEOUT): it is stopped or its host hung; counted as dead",
+            rank=peer.global_rank))
+        peer.kill()
 
     # ---------------------------------------------------------------- point to point
     # Same-host peers (``self._shm_out``) go through shared memory (``_p2p``), the others
@@ -301,14 +370,17 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     # ---------------------------------------------------------------- teardown
     def do_close(self) -> None:
         """Say goodbye to every peer, fail what is pending, unmap the arena."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         for peer in self._peers.values():
             peer.close()
         exc = ChannelClosedError("the tcp channel was closed while this call was pending")
         self._matcher.fail_all(exc)
         for peer in self._peers.values():
             peer.fail_current(exc)
-        if self._shm is not None:
-            self._shm.close()
+        for arena in (self._shm, self._broken_shm):
+            if arena is not None:
+                arena.close()
         self._plan.scratch.release()
         if self._p2p is not None:
             self._p2p.close()

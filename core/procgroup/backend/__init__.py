@@ -38,6 +38,7 @@ from ._fingerprint import Fingerprint, mismatch
 from ._lowering import Lowered, ReduceTable, flat_view
 from ._netif import ENV_SOCKET_IFNAME, choose_address
 from ._spec import BackendSpec, InitMethodSpec, hookimpl
+from ._survival import MAX_CONTROL_BYTES, Decision
 from ._wait import late_peers, poll
 from ._work import CompletedWork, FutureWork, MappedWork, OrderedExecutor, Work
 
@@ -53,6 +54,7 @@ __all__ = [
     "COLLECTIVES",
     "COLLECTIVE_TAG_BASE",
     "ENV_SOCKET_IFNAME",
+    "MAX_CONTROL_BYTES",
     "MAX_TIMEOUT_S",
     "MAX_USER_TAG",
     "OPS",
@@ -61,6 +63,7 @@ __all__ = [
     "ChannelContext",
     "CompletedWork",
     "DataChannel",
+    "Decision",
     "Fingerprint",
     "FutureWork",
     "InitMethodSpec",
