@@ -12,13 +12,11 @@ Ranks on one host never get here for these ops: the channel runs them in shared 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 from procgroup.algorithms import ring, tree
-from procgroup.backend import DataChannel
-from procgroup.errors import InvalidArgumentError
+from procgroup.backend import DataChannel, env_bytes
 from procgroup.ops import ReduceOp
 
 from . import _algorithms
@@ -44,19 +42,6 @@ SEGMENT_BYTES = 1 << 20
 SCRATCH_KEEP_BYTES = 256 << 20
 
 
-def _env_bytes(name: str) -> int | None:
-    text = os.environ.get(name)
-    if text is None or text == "":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise InvalidArgumentError(f"{name}={text!r}: expected a number of bytes") from None
-    if value < 0:
-        raise InvalidArgumentError(f"{name}={text!r}: expected a number of bytes >= 0")
-    return value
-
-
 def _by_size(table: dict[int, int], size: int) -> int:
     return table[max(k for k in table if k <= size)] if size >= min(table) else table[min(table)]
 
@@ -65,11 +50,9 @@ class Plan:
     """The thresholds one channel uses (read once, at channel creation)."""
 
     def __init__(self) -> None:
-        self.ring_min = _env_bytes("PROCGROUP_TCP_RING_MIN_BYTES")
-        self.chain_min = _env_bytes("PROCGROUP_TCP_CHAIN_MIN_BYTES")
-        seg = _env_bytes("PROCGROUP_TCP_SEGMENT_BYTES")
-        if seg == 0:
-            raise InvalidArgumentError("PROCGROUP_TCP_SEGMENT_BYTES=0: a segment needs at least one byte")
+        self.ring_min = env_bytes("PROCGROUP_TCP_RING_MIN_BYTES", None)
+        self.chain_min = env_bytes("PROCGROUP_TCP_CHAIN_MIN_BYTES", None)
+        seg = env_bytes("PROCGROUP_TCP_SEGMENT_BYTES", SEGMENT_BYTES, minimum=1, hint="a segment needs at least one")
         self.segment = seg or SEGMENT_BYTES
         self.scratch = _algorithms.Scratch(SCRATCH_KEEP_BYTES)
 

@@ -19,8 +19,16 @@ import threading
 import time
 from typing import Any, Protocol
 
-from procgroup.backend import MAX_CONTROL_BYTES, ChannelContext, client_handshake, fresh, job_key, server_handshake
-from procgroup.errors import CommTimeoutError, InvalidArgumentError, PeerError, ProcGroupError
+from procgroup.backend import (
+    MAX_CONTROL_BYTES,
+    ChannelContext,
+    client_handshake,
+    env_bytes,
+    fresh,
+    job_key,
+    server_handshake,
+)
+from procgroup.errors import CommTimeoutError, PeerError, ProcGroupError
 
 from . import _wire
 
@@ -104,17 +112,8 @@ SOCKET_BUFFER_BYTES = 0
 
 def socket_buffer_bytes() -> int:
     """The socket buffer size asked for (PROCGROUP_TCP_SOCKET_BUFFER, bytes; 0: the kernel's)."""
-    text = os.environ.get("PROCGROUP_TCP_SOCKET_BUFFER", "")
-    if not text:
-        return SOCKET_BUFFER_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise InvalidArgumentError(f"PROCGROUP_TCP_SOCKET_BUFFER={text!r}: expected a number of bytes >= 0 "
-                                   f"(0: the kernel's autotuning)")
-    return value
+    size = env_bytes("PROCGROUP_TCP_SOCKET_BUFFER", SOCKET_BUFFER_BYTES, hint="0: the kernel's autotuning")
+    return int(size or 0)
 
 
 def tune(sock: socket.socket, timeout: float) -> None:

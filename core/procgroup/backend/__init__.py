@@ -18,6 +18,7 @@ nothing private.
 from .._auth import client_handshake, job_key, server_handshake
 from .._settings import (
     MAX_TIMEOUT_S,
+    env_bytes,
     env_choice,
     env_flag,
     env_timeout,
@@ -75,6 +76,7 @@ __all__ = [
     "Work",
     "choose_address",
     "client_handshake",
+    "env_bytes",
     "env_choice",
     "env_flag",
     "env_timeout",
