@@ -515,6 +515,12 @@ def to_between_nodes() -> None:
     same(c, al * 2, "back to node 0")
     big = R.arange(1 << 21, dtype=np.float64, node=1)  # 16 MiB, worker to worker
     same(big.to(0)[-3:], np.arange(1 << 21, dtype=np.float64)[-3:], "big to()")
+    # large enough for the READY rendezvous (get and to), and every byte checked
+    whole = np.arange(1 << 19, dtype=np.float32) * 3 + 1
+    on_1 = R.send(whole, node=1)
+    same(on_1.to(0), whole, "2 MiB to() after READY")
+    same(on_1, whole, "2 MiB get after READY")
+    assert (on_1 + 1).get().tolist()[-2:] == (whole[-2:] + 1).tolist()
     failed = R.empty(1 << 44, np.uint8, node=1)
     moved = failed.to(0)  # the failure travels with the copy
     try:

@@ -148,3 +148,29 @@ def test_sweep_and_bandwidth_definitions() -> None:
         algbw, busbw = bandwidths(op, nbytes, secs, n)
         assert math.isclose(algbw, nbytes / secs / 1e9)
         assert math.isclose(busbw, algbw * factor)
+
+
+# --------------------------------------------------------------------- master-worker mode
+def test_master_worker_mode(tmp_path: Path) -> None:
+    """``procgroup-bench master-worker``: every measure is there, and 200 in-place ops on
+    one stream give the exact value (per-stream order)."""
+    out = tmp_path / "mw.json"
+    proc = _bench(["master-worker", "--reps", "1", "--size", "64K", "--async-ops", "200", "--round-trips", "20",
+                   "--json", str(out)])
+    assert proc.returncode == 0, f"procgroup-bench master-worker failed:\n{proc.stdout}\n{proc.stderr}"
+    assert "procgroup-bench master-worker: backend tcp" in proc.stdout
+    for label in ("round trip", "async in-place ops", "64 KiB get", "64 KiB worker -> worker", "64 KiB send/recv"):
+        assert label in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["backend"] == "tcp" and result["size"] == 65536 and result["async_ops"] == 200
+    p = result["procgroup"]
+    assert p["async_exact"] is True
+    for key in ("round_trip_s", "async_ops_per_s", "get_GBps", "to_GBps", "sendrecv_GBps"):
+        assert isinstance(p[key], float) and math.isfinite(p[key]) and p[key] > 0, key
+
+
+def test_master_worker_mode_rejects_bad_options() -> None:
+    proc = _bench(["master-worker", "--size", "10"])
+    assert proc.returncode == 2 and "--size must be a multiple of 4 bytes" in proc.stderr
+    proc = _bench(["master-worker", "--reps", "0"])
+    assert proc.returncode == 2 and "--reps must be at least 1" in proc.stderr

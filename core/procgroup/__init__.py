@@ -34,11 +34,13 @@ from ._ops import (
     scatter,
     send,
 )
+from ._survive import agree, failed_ranks, revoke, shrink
 from .backend import BackendSpec, ChannelContext, DataChannel, Work, hookimpl
 from .errors import (
     AuthenticationError,
     ChannelClosedError,
     CommTimeoutError,
+    GroupRevokedError,
     InvalidArgumentError,
     InvalidArrayError,
     MismatchError,
@@ -86,6 +88,7 @@ __all__ = [
     "CommTimeoutError",
     "DataChannel",
     "Group",
+    "GroupRevokedError",
     "GroupMember",
     "InvalidArgumentError",
     "InvalidArrayError",
@@ -97,6 +100,7 @@ __all__ = [
     "Stream",
     "Work",
     "__version__",
+    "agree",
     "all_gather",
     "all_gather_object",
     "all_reduce",
@@ -106,6 +110,7 @@ __all__ = [
     "broadcast_object_list",
     "current_node",
     "destroy_process_group",
+    "failed_ranks",
     "gather",
     "gather_object",
     "get_backend",
@@ -132,7 +137,9 @@ __all__ = [
     "scatter",
     "scatter_object_list",
     "remote",
+    "revoke",
     "send",
     "set_node",
+    "shrink",
     "synchronize",
 ]

@@ -223,12 +223,14 @@ def destroy_process_group(group: Any = None) -> None:
             _close_group(g)
         _close_group(st.world)
         _close_quietly(st.store)
+        for thing in st.retired:  # what shrink() replaced (channels, stores, store servers)
+            _close_quietly(thing)
         _state.state = None
         atexit.unregister(destroy_process_group)
 
 
 def _close_quietly(store: Any) -> None:
-    close = getattr(store, "close", None)
+    close = getattr(store, "close", None) or getattr(store, "stop", None)
     if close is not None:
         try:
             close()
@@ -280,7 +282,8 @@ def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, ti
               options: Mapping[str, Any] | None = None) -> Group:
     """Create a group of world ``ranks``; every rank of the world calls it, in the same order.
 
-    Members talk over the world's transport (or a new channel of ``backend``); non-members
+    Members talk over the world's transport (or a new channel of ``backend``, or of the world's
+    backend when ``options`` are given: they apply to a channel of its own); non-members
     get a handle whose ``rank`` is -1 and on which every op raises a clear error.
     """
     st = _state.world()
@@ -309,10 +312,10 @@ def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, ti
         world_channel = st.world.channel
         if world_channel is None:
             raise NotInitializedError("the world group was destroyed")
-        if backend is None or backend.lower() == st.world.backend:
+        if (backend is None or backend.lower() == st.world.backend) and not options:
             channel = world_channel.new_group(list(members), ctx)
-        else:
-            spec, cls = load_channel_class(backend)
+        else:  # another backend, or options the world's channel was not built with: a channel of its own
+            spec, cls = load_channel_class(backend or st.world.backend)
             channel = cls(ctx)
     g = Group(members, my_rank, channel, spec, gid)
     if channel is not None and "cpu" in _state.devices(g):

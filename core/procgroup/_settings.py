@@ -50,6 +50,23 @@ def env_choice(env: str, choices: tuple[str, ...], default: str, *, name: str = 
     return value
 
 
+def env_bytes(env: str, default: int | None, *, minimum: int = 0, name: str = "",
+              options: Mapping[str, Any] | None = None, hint: str = "") -> int | None:
+    """A byte count (a whole number >= ``minimum``), else ``default``; ``hint`` says what a
+    special value means in the error (e.g. "0: the kernel's autotuning")."""
+    value, source = setting(name or env, env, "", options)
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = minimum - 1
+    if number < minimum:
+        extra = f" ({hint})" if hint else ""
+        raise InvalidArgumentError(f"{source}={value!r}: expected a number of bytes >= {minimum}{extra}")
+    return number
+
+
 def timeout_seconds(value: Any, *, source: str = "argument timeout") -> float:
     """A ``datetime.timedelta`` or a number of seconds, positive and at most MAX_TIMEOUT_S."""
     if isinstance(value, datetime.timedelta):
@@ -101,4 +118,5 @@ def plain_problem(err: Mapping[str, Any]) -> str:
     return "is invalid"
 
 
-__all__ = ["MAX_TIMEOUT_S", "env_choice", "plain_problem", "env_flag", "env_timeout", "setting", "timeout_seconds"]
+__all__ = ["MAX_TIMEOUT_S", "env_bytes", "env_choice", "env_flag", "env_timeout", "plain_problem", "setting",
+           "timeout_seconds"]

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from . import arrays
 from .backend import BackendSpec, ChannelContext, DataChannel
-from .errors import BackendNotFoundError, InvalidArgumentError, NotInitializedError
+from .errors import BackendNotFoundError, GroupRevokedError, InvalidArgumentError, NotInitializedError
 from .groups import Group, GroupMember
 from .plugins import load_channel_class, side_channel_spec
 
@@ -34,6 +34,8 @@ class State:
     local_size: int | None = None
     #: the job's key (procgroup._auth.job_key): every connection a channel opens proves it
     job_key: bytes | None = None
+    #: channels, stores and store servers that shrink() replaced; closed at destroy
+    retired: list[Any] = field(default_factory=list)
 
 
 state: State | None = None
@@ -65,6 +67,8 @@ def member(group: Any, op: str) -> Group:
     if not g.is_member:
         raise InvalidArgumentError(f"{op}: rank {world().world.rank} is not a member of group {list(g.ranks)}")
     if g.channel is None:
+        if g.retired:
+            raise GroupRevokedError(f"{op}: {g.retired}")
         raise NotInitializedError(f"{op}: the group was destroyed")
     return g
 
@@ -107,20 +111,37 @@ def open_side_channel(ctx: ChannelContext) -> DataChannel:
 
 
 def host_group(g: Group) -> Group:
-    """``g`` itself when its backend moves host arrays, else a cached side group of it.
+    """The group object collectives run on: ``g`` itself when its backend moves host
+    arrays over authenticated connections (``BackendSpec.authenticated``: tcp), else a
+    cached side group of it on the host side channel (tcp).
 
-    Object collectives pickle to host bytes; on a CUDA-only world (nccl) they run over
-    this side group. Created lazily by the first object collective, which every member
+    Object collectives unpickle what arrives, so it must come from members of the job:
+    gloo's and MPI's own transports do not know the job token, and nccl moves device
+    memory only. Created lazily by the first object collective, which every member
     calls, so the creation is collective too.
     """
-    if arrays.CPU in devices(g):
+    if arrays.CPU in devices(g) and g.spec.authenticated:
         return g
     if g.host_group is None:
-        st = world()
         spec: BackendSpec | None = side_channel_spec()
+        if spec is None and arrays.CPU in devices(g):
+            _warn_unauthenticated_objects(g)
+            return g
+        st = world()
         ctx = make_context(st, g.ranks, g.rank, g.group_id, "host", st.timeout)
         g.host_group = Group(g.ranks, g.rank, open_side_channel(ctx), spec or g.spec, g.group_id)
     return g.host_group
+
+
+_warned_backends: set[str] = set()
+
+
+def _warn_unauthenticated_objects(g: Group) -> None:
+    """No side channel is installed: the objects travel over the backend's own transport."""
+    if g.backend not in _warned_backends:
+        _warned_backends.add(g.backend)
+        log.warning("object collectives on backend %r run over its own transport, which does not check the "
+                    "job token (no side-channel backend is installed: pip install procgroup-tcp)", g.backend)
 
 
 __all__ = [

@@ -68,11 +68,27 @@ class StoreTimeoutError(CommTimeoutError):
 
 
 class PeerError(ProcGroupError, ConnectionError):
-    """A peer rank died, closed its connection or reported a failure."""
+    """A peer rank died, closed its connection or reported a failure.
 
-    def __init__(self, message: str, *, rank: int | None = None) -> None:
+    ``rank`` is the first rank blamed (None when unknown); ``ranks`` every rank known
+    dead when the error was raised, in the numbering of the channel that saw it.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, ranks: Iterable[int] = ()) -> None:
         super().__init__(message)
         self.rank = rank
+        found = tuple(ranks)
+        self.ranks = found if found else (() if rank is None else (rank,))
+
+
+class GroupRevokedError(ProcGroupError, RuntimeError):
+    """The group was revoked (``revoke``, by this or another member), or replaced by
+    ``shrink``: its ops fail until the survivors shrink it. ``ranks`` names the members
+    known dead, when any are."""
+
+    def __init__(self, message: str, *, ranks: Iterable[int] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
 
 
 class ChannelClosedError(ProcGroupError, RuntimeError):
@@ -116,6 +132,7 @@ __all__ = [
     "BackendUnavailableError",
     "ChannelClosedError",
     "CommTimeoutError",
+    "GroupRevokedError",
     "InvalidArgumentError",
     "InvalidArrayError",
     "MismatchError",

@@ -25,6 +25,8 @@ class Group:
         self._index = {r: i for i, r in enumerate(self.ranks)}
         self.host_group: Group | None = None  # CPU side group for object collectives
         self.fast: Any = None  # the core's fast paths (_ops.FastPath) while the channel is open
+        #: why the handle no longer works, once shrink() replaced it ("" while it does)
+        self.retired = ""
 
     @property
     def size(self) -> int:

@@ -1,11 +1,10 @@
 """Object collectives: picklable Python objects moved as uint8 arrays.
 
 Sizes travel first (one int64 per rank), then the pickles, padded to the largest, so
-every backend's array collectives carry them unchanged. On a CUDA-only world the
-traffic goes over a CPU side group (see ``_state.host_group``).
-
-What is unpickled came over the group's channel (docs/security.md says which channels
-admit only members of the job). A size a peer announces is checked before anything is
+every backend's array collectives carry them unchanged. What is unpickled came over
+connections that passed the job-token handshake: the group's own channel where its
+backend says so (tcp), else a tcp side group of the same members
+(``_state.host_group``; docs/security.md). A size a peer announces is checked before anything is
 allocated: negative or over :data:`ENV_MAX_OBJECT_BYTES` (default 4 GiB) is an error on
 every rank (they all see the same sizes), never a huge allocation.
 """

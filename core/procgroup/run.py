@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
              "(log files are complete)")
     opt("--max-restarts", type=int, default=0, metavar="K",
         help="restart all local ranks up to K times after a failure (default 0)")
+    opt("--keep-going", action="store_true",
+        help="when a rank fails, let the others run on (they may shrink() and go on); the exit "
+             "status and the summary still name every rank that failed (docs/fault-tolerance.md)")
     opt("--monitor-interval", type=float, default=0.05, metavar="SECONDS",
         help="how often the ranks are checked (default 0.05)")
     opt("--start-method", default="spawn", choices=("spawn", "fork", "forkserver"),
@@ -178,6 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
         local_ranks_filter=(parse_ranks(ns.local_ranks_filter, "--local-ranks-filter")
                             if ns.local_ranks_filter is not None else None),
         max_restarts=ns.max_restarts,
+        keep_going=ns.keep_going,
         timeout=ns.timeout,
         grace_period=ns.grace_period,
         monitor_interval=ns.monitor_interval,

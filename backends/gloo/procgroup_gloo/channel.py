@@ -38,11 +38,13 @@ from procgroup.backend import (
     flat_view,
     late_peers,
     poll,
+    setting,
 )
 from procgroup.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
     CommTimeoutError,
+    GroupRevokedError,
     InvalidArgumentError,
     PeerError,
     ProcGroupError,
@@ -60,12 +62,22 @@ _PEER_NAMING_GRACE = 2.0
 _SCRATCH_LIMIT = 16 * 2**20
 
 
-def open_side_channel(ctx: ChannelContext) -> DataChannel:
+def open_side_channel(ctx: ChannelContext, *, holds_gil: bool = True) -> DataChannel:
     """The host p2p channel of the best installed side-channel backend, shared memory off
-    (it carries point-to-point and fallbacks only)."""
+    (it carries point-to-point and fallbacks only). ``holds_gil``: the engine keeps the
+    GIL through a gloo call (pygloo; torch releases it)."""
     if ctx.open_side_channel is None:
         raise BackendNotFoundError("backend 'gloo' needs a host side channel, and this context offers none")
-    return ctx.open_side_channel(dataclasses.replace(ctx, options={**ctx.options, "shm": False}))
+    options = {**ctx.options, "shm": False}
+    # a rank blocked in a pygloo call holds its GIL, so its heartbeats stop: the side
+    # channel waits longer than gloo's own timeout before it counts such a rank dead
+    beat, _ = setting("heartbeat_timeout", "PROCGROUP_HEARTBEAT_TIMEOUT", "10", ctx.options)
+    try:
+        if holds_gil and 0 < float(beat) < _options.GLOO_TIMEOUT + 5:
+            options["heartbeat_timeout"] = _options.GLOO_TIMEOUT + 5
+    except ValueError:
+        pass  # "off", or a bad value the side channel reports
+    return ctx.open_side_channel(dataclasses.replace(ctx, options=options))
 
 
 def engine_class(options: Mapping[str, Any]) -> type[_engine.Engine]:
@@ -100,7 +112,7 @@ class GlooChannel(DataChannel):
         self._algorithm = _options.allreduce_algorithm(ctx.options)
         self._check_arrival = _options.arrival_check(ctx.options, ctx.timeout)
         if p2p is None:
-            p2p = open_side_channel(ctx)
+            p2p = open_side_channel(ctx, holds_gil=self._engine_class.name == "pygloo")
         self._p2p = p2p
         self._root = root if root is not None else p2p  # the world's side channel
         self._device = device
@@ -116,6 +128,7 @@ class GlooChannel(DataChannel):
             except BaseException:
                 p2p.close()
                 raise
+        p2p.carry_control(self, {r: r for r in range(ctx.size)})  # revoke/agree/deaths reach it
         log.debug("gloo channel rank %d/%d (group %d) ready, engine %s", ctx.rank, ctx.size, ctx.group_id,
                   self._engine_class.name)
 
@@ -150,8 +163,8 @@ class GlooChannel(DataChannel):
 
     def _interrupt(self) -> None:
         """Called by an engine between slices of a wait: end it when the channel was
-        closed, or when the side channel lost a member of this group."""
-        if self._closed:
+        closed or broken (a revoke), or when the side channel lost a member of this group."""
+        if self._closed or self._failure is not None:
             self.check_usable()
         failure = self._root.failure
         if failure is not None:
@@ -164,7 +177,8 @@ class GlooChannel(DataChannel):
     # Both forms: the blocking one is the side channel's own blocking call, cheaper than
     # a started one; the started one is the side channel's (native) isend/irecv.
     def _check_open(self) -> None:
-        if self._closed:  # p2p stays usable after a gloo failure: only closing ends it
+        # p2p stays usable after a gloo failure: only closing (or a revoke) ends it
+        if self._closed or isinstance(self._failure, GroupRevokedError):
             self.check_usable()
 
     def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
@@ -359,6 +373,23 @@ class GlooChannel(DataChannel):
         self.check_usable()
         self._arrive("barrier")
 
+    # ------------------------------------------------------------------ surviving a death
+    # The control plane is the side channel's (docs/fault-tolerance.md); shrink builds a
+    # new GlooChannel (a new side channel and gloo context) over the survivors' new Store.
+    @property
+    def control_id(self) -> int:
+        return -1 - self.ctx.group_id  # apart from the side channel's own group id
+
+    def do_control_send(self, dst: int, payload: bytes) -> None:
+        self._p2p.do_control_send(dst, payload)
+
+    def interrupt(self, exc: BaseException) -> bool:
+        """Break the channel and close the gloo connections: a peer blocked in a gloo
+        call (holding its GIL, deaf to notices) fails at once instead of after 30 s."""
+        first = self.fail(exc)
+        self._close_gloo()
+        return first
+
     # ------------------------------------------------------------------ groups
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
         """A gloo context of the group's own, its keys exchanged over the side channel."""
@@ -369,6 +400,7 @@ class GlooChannel(DataChannel):
     # ------------------------------------------------------------------ teardown
     def do_close(self) -> None:
         self._close_gloo()
+        self._p2p._children.pop(self.control_id, None)
         self._p2p.close()
 
 

@@ -77,6 +77,15 @@ class MpiChannel(DataChannel):
     #: How to start a world of ``size`` ranks: the core quotes it when a rank or size given
     #: to init_process_group contradicts MPI's
     launch_hint = "start the job with 'mpiexec -n {size} python ...' (mpiexec decides the ranks)"
+    #: revoke/agree/shrink (docs/fault-tolerance.md): not on this backend yet. MPI's own
+    #: answer is ULFM (MPIX_Comm_revoke/shrink/agree); procgroup does not drive it, because
+    #: a death under mpiexec ends the whole job (MPI_ERRORS_ARE_FATAL, the launcher's
+    #: clean-up) before any survivor could shrink.
+    shrink_unsupported = (
+        "the mpi backend cannot shrink a group after a death: MPI's fault tolerance (ULFM: "
+        "MPIX_Comm_revoke/shrink/agree) is not driven by procgroup, and a death under mpiexec ends "
+        "the whole job; use the tcp or gloo backend (procgroup-run --keep-going) to survive a death"
+    )
 
     @classmethod
     def discover_world(cls) -> tuple[int, int]:

@@ -12,6 +12,7 @@ not used, and recv needs ``src``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any
 from procgroup.backend import ChannelContext, DataChannel, Lowered, env_flag
 from procgroup.errors import (
     CommTimeoutError,
+    GroupRevokedError,
     InvalidArgumentError,
     InvalidArrayError,
     PeerError,
@@ -84,6 +86,43 @@ class NcclChannel(DataChannel):
         self._aborted = False
         self._blocking = blocking_wait(ctx.options)
         self._watchdog = Watchdog(f"procgroup-nccl-watchdog-g{ctx.group_id}", self._abort, self._async_error)
+        self._side = self._open_control_plane(ctx)
+
+    # ----------------------------------------------------------------- surviving a death
+    # NCCL cannot tell a dead peer from a slow one (an op on a dead peer hangs), so each
+    # group keeps a host side channel (tcp: sockets see an exit at once, heartbeats a
+    # hang) as its control plane: a death there aborts the communicators (ops blocked in
+    # NCCL are released), and shrink builds a new NcclChannel, whose communicator the
+    # first op creates through the survivors' new Store (docs/fault-tolerance.md).
+    def _open_control_plane(self, ctx: ChannelContext) -> DataChannel | None:
+        """The side channel carrying revoke/agree and death notices; option
+        ``control_plane=False`` (or one rank) opens none (no survival then)."""
+        wanted = ctx.options.get("control_plane", True)
+        if ctx.size == 1 or ctx.open_side_channel is None or wanted in (False, 0, "0", "false", "off"):
+            return None
+        side = ctx.open_side_channel(dataclasses.replace(ctx, options={**ctx.options, "shm": False}))
+        side.carry_control(self, {r: r for r in range(ctx.size)})
+        return side
+
+    @property
+    def survives(self) -> bool:
+        return self._side is not None
+
+    @property
+    def control_id(self) -> int:
+        return -1 - self.ctx.group_id  # apart from the side channel's own group id
+
+    def do_control_send(self, dst: int, payload: bytes) -> None:
+        if self._side is None:
+            super().do_control_send(dst, payload)
+        else:
+            self._side.do_control_send(dst, payload)
+
+    def interrupt(self, exc: BaseException) -> bool:
+        """Abort the communicators: every op blocked in NCCL, here, fails now."""
+        first = self.failure is None
+        self._abort(exc)
+        return first
 
     # ----------------------------------------------------------------- communicators
     def _communicator(self, device: int) -> Any:
@@ -161,7 +200,7 @@ class NcclChannel(DataChannel):
     def _check_usable(self, op: str) -> None:
         """check_usable(), saying that the communicator was aborted and what to do."""
         broken = self.failure
-        if broken is None or self._closed:
+        if broken is None or self._closed or isinstance(broken, GroupRevokedError):
             self.check_usable()
             return
         msg = (f"{op}: the nccl communicator was aborted after an earlier error ({broken}); "
@@ -530,6 +569,9 @@ class NcclChannel(DataChannel):
             for comm in self._all_comms():
                 _comm.close_communicator(comm, abort=not finished)
         self._watchdog.fail_all(PeerError("the nccl channel was closed"))
+        if self._side is not None:
+            self._side._children.pop(self.control_id, None)
+            self._side.close()
         self._comm, self._multi = None, {}
         self._streams.clear()
         self._barrier_bufs.clear()

@@ -1,60 +1,113 @@
-"""The tcp backend's own collectives over the sockets, where they beat the generic ones.
+"""Which algorithm runs a collective over the sockets, by size and world size.
 
-Built on the channel's public point-to-point calls only (isend/irecv of
-:class:`procgroup.backend.DataChannel`), so this layer sits above the connections and
-the matching and below the channel. Ranks on one host never get here for all_reduce:
-the channel runs it in shared memory (see ``_shm``).
-
-Large all_reduce: the ring of ``procgroup.algorithms.ring`` with every step cut into
-segments. All receives of a step are posted at once, so the reader thread lands
-segment k+1 while this thread reduces segment k, and the sender thread streams our
-outgoing chunk at the same time: network, reduction and sending overlap.
+Small arrays are latency-bound: the fewest rounds win (recursive doubling for
+all_reduce, the binomial tree for broadcast and reduce, from ``procgroup.algorithms``).
+Large arrays are bandwidth-bound: the segmented, pipelined ring and chains of
+``_algorithms`` move each byte the fewest times and overlap the network with the
+reduction. The crossover sizes below were measured with ``bench/socket_thresholds.py``
+(docs/performance.md has the tables that chose them); ``PROCGROUP_TCP_RING_MIN_BYTES``,
+``PROCGROUP_TCP_CHAIN_MIN_BYTES`` and ``PROCGROUP_TCP_SEGMENT_BYTES`` override them.
+Ranks on one host never get here for these ops: the channel runs them in shared memory.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from procgroup.algorithms import ring
-from procgroup.backend import DataChannel
-from procgroup.ops import ReduceOp, finish_average, reduce_into
+from procgroup.algorithms import ring, tree
+from procgroup.backend import DataChannel, env_bytes
+from procgroup.ops import ReduceOp
 
-#: Segment size of the pipelined ring; big enough to amortise a frame, small enough to overlap.
+from . import _algorithms
+
+#: all_reduce of at least this many bytes takes the pipelined ring, smaller ones recursive
+#: doubling; by world size (the largest key not above the size applies). Measured: 2 ranks
+#: on one host, doubling won to 512 KiB, the ring from 1 MiB; 4 hosts of the simulated
+#: cluster (1 Gbit/s, 0.1 ms), the ring 1.6x ahead at 256 KiB and 2x at 1 MiB.
+RING_MIN_BYTES = {2: 1 << 20, 3: 1 << 20, 4: 256 * 1024}
+#: broadcast of at least this many bytes takes the segmented chain, smaller ones the
+#: binomial tree. Measured: 2 ranks, level to 256 KiB, the chain ahead from 1 MiB; 4 hosts
+#: of the simulated cluster, level at 1 MiB, the chain 1.9x ahead at 4 MiB and 2.6x at
+#: 16 MiB (on one 2-core host with PROCGROUP_TCP_SHM=0 the tree won: each hop costs CPU the
+#: ranks share, but ranks on one host use the shared-memory arena, not this path).
+BROADCAST_CHAIN_MIN_BYTES = {2: 1 << 20, 3: 2 << 20}
+#: reduce: the chain from this size. Measured: 2 ranks, the tree to 1 MiB, the chain at
+#: 4 MiB; 4 ranks, level at 64 KiB, the chain 1.2x ahead at 256 KiB and 2x at 1 MiB.
+REDUCE_CHAIN_MIN_BYTES = {2: 2 << 20, 3: 256 * 1024}
+#: Segment of the pipelines: big enough to amortise a frame, small enough to overlap
+#: (512 KiB to 2 MiB measured level within the noise).
 SEGMENT_BYTES = 1 << 20
-#: Below this the generic recursive doubling wins (fewer, latency-bound rounds).
-PIPELINE_MIN_BYTES = ring.SMALL_ALL_REDUCE_BYTES + 1
+#: Scratch kept between calls per channel (larger needs are allocated per call).
+SCRATCH_KEEP_BYTES = 256 << 20
 
 
-def _segments(arr: np.ndarray, seg_elems: int) -> list[np.ndarray]:
-    return [arr[i : i + seg_elems] for i in range(0, arr.size, seg_elems)] if arr.size else [arr]
+def _by_size(table: dict[int, int], size: int) -> int:
+    return table[max(k for k in table if k <= size)] if size >= min(table) else table[min(table)]
 
 
-def pipelined_ring_all_reduce(ch: DataChannel, array: np.ndarray, op: ReduceOp, tag: int) -> None:
-    """Reduce-scatter then all-gather around the ring, each step in SEGMENT_BYTES pieces."""
-    n, r = ch.size, ch.rank
-    flat = array.reshape(-1)
-    bounds = ring.chunk_bounds(flat.size, n)
-    chunks = [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
-    seg = max(SEGMENT_BYTES // flat.itemsize, 1)
-    tmp = np.empty(max(c.size for c in chunks), dtype=flat.dtype)
-    right, left = (r + 1) % n, (r - 1) % n
-    for step in range(n - 1):
-        send_idx, recv_idx = (r - step) % n, (r - step - 1) % n
-        target = chunks[recv_idx]
-        incoming = _segments(tmp[: target.size], seg)
-        recvs = [ch.irecv(s, left, tag) for s in incoming]
-        sends = [ch.isend(s, right, tag) for s in _segments(chunks[send_idx], seg)]
-        for work, part, dest in zip(recvs, incoming, _segments(target, seg)):
-            work.wait()
-            reduce_into(op, dest, part)
-        for work in sends:
-            work.wait()
-    finish_average(op, chunks[(r + 1) % n], n)
-    for step in range(n - 1):
-        send_idx, recv_idx = (r + 1 - step) % n, (r - step) % n
-        recvs = [ch.irecv(s, left, tag) for s in _segments(chunks[recv_idx], seg)]
-        sends = [ch.isend(s, right, tag) for s in _segments(chunks[send_idx], seg)]
-        for work in recvs + sends:
-            work.wait()
+class Plan:
+    """The thresholds one channel uses (read once, at channel creation)."""
+
+    def __init__(self) -> None:
+        self.ring_min = env_bytes("PROCGROUP_TCP_RING_MIN_BYTES", None)
+        self.chain_min = env_bytes("PROCGROUP_TCP_CHAIN_MIN_BYTES", None)
+        seg = env_bytes("PROCGROUP_TCP_SEGMENT_BYTES", SEGMENT_BYTES, minimum=1, hint="a segment needs at least one")
+        self.segment = seg or SEGMENT_BYTES
+        self.scratch = _algorithms.Scratch(SCRATCH_KEEP_BYTES)
+
+    def use_ring(self, nbytes: int, size: int) -> bool:
+        limit = self.ring_min if self.ring_min is not None else _by_size(RING_MIN_BYTES, size)
+        return nbytes >= limit
+
+    def use_chain(self, table: dict[int, int], nbytes: int, size: int) -> bool:
+        limit = self.chain_min if self.chain_min is not None else _by_size(table, size)
+        return nbytes >= limit
+
+    # ---------------------------------------------------------------- the collectives
+    def all_reduce(self, ch: DataChannel, array: np.ndarray, op: ReduceOp) -> None:
+        tag = ch.next_collective_tag()
+        if ch.size == 1 or array.size == 0:
+            return
+        if self.use_ring(array.nbytes, ch.size):
+            scratch = self.scratch.get(_algorithms.scratch_bytes("ring_all_reduce", array, ch.size))
+            _algorithms.ring_all_reduce(ch, array, op, tag, scratch, self.segment)
+        else:
+            ring.recursive_doubling_all_reduce(ch, array, op, tag)
+
+    def broadcast(self, ch: DataChannel, array: np.ndarray, src: int) -> None:
+        tag = ch.next_collective_tag()
+        if self.use_chain(BROADCAST_CHAIN_MIN_BYTES, array.nbytes, ch.size):
+            _algorithms.chain_broadcast(ch, array, src, tag, self.segment)
+        else:
+            tree.broadcast(ch, array, src, tag)
+
+    def reduce(self, ch: DataChannel, array: np.ndarray, dst: int, op: ReduceOp) -> None:
+        tag = ch.next_collective_tag()
+        if self.use_chain(REDUCE_CHAIN_MIN_BYTES, array.nbytes, ch.size):
+            scratch = self.scratch.get(_algorithms.scratch_bytes("chain_reduce", array, ch.size))
+            _algorithms.chain_reduce(ch, array, dst, op, tag, scratch, self.segment)
+        else:
+            tree.reduce(ch, array, dst, op, tag)
+
+    def _chain(self, table: dict[int, int], size: int) -> int:
+        return self.chain_min if self.chain_min is not None else _by_size(table, size)
+
+    def describe(self, size: int) -> dict[str, Any]:
+        """The thresholds in force for a channel of ``size`` ranks (for logs and docs)."""
+        return {
+            "ring_min_bytes": self.ring_min if self.ring_min is not None else _by_size(RING_MIN_BYTES, size),
+            "broadcast_chain_min_bytes": self._chain(BROADCAST_CHAIN_MIN_BYTES, size),
+            "reduce_chain_min_bytes": self._chain(REDUCE_CHAIN_MIN_BYTES, size),
+            "segment_bytes": self.segment,
+        }
 
 
-__all__ = ["PIPELINE_MIN_BYTES", "SEGMENT_BYTES", "pipelined_ring_all_reduce"]
+__all__ = [
+    "BROADCAST_CHAIN_MIN_BYTES",
+    "REDUCE_CHAIN_MIN_BYTES",
+    "RING_MIN_BYTES",
+    "SCRATCH_KEEP_BYTES",
+    "SEGMENT_BYTES",
+    "Plan",
+]

@@ -13,12 +13,21 @@ import concurrent.futures
 import logging
 import os
 import queue
+import select
 import socket
 import threading
 import time
 from typing import Any, Protocol
 
-from procgroup.backend import ChannelContext, client_handshake, fresh, job_key, server_handshake
+from procgroup.backend import (
+    MAX_CONTROL_BYTES,
+    ChannelContext,
+    client_handshake,
+    env_bytes,
+    fresh,
+    job_key,
+    server_handshake,
+)
 from procgroup.errors import CommTimeoutError, PeerError, ProcGroupError
 
 from . import _wire
@@ -60,6 +69,9 @@ class PeerEvents(abc.ABC):
     def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
         """``peer`` reports it lost world rank ``lost`` (the root cause of what follows)."""
 
+    def control_message(self, peer: Peer, body: bytes) -> None:
+        """``peer`` sent a fault-tolerance control message (revoke, the agreement)."""
+
     @abc.abstractmethod
     def peer_left(self, peer: Peer) -> None:
         """``peer`` said goodbye (a clean close); what it sent before is delivered."""
@@ -85,10 +97,34 @@ def _send_all(sock: socket.socket, header: bytes, payload: memoryview) -> None:
             parts.pop(0)
 
 
+_now = time.monotonic
+
 #: A frame claiming more is a protocol error (256 TiB: no buffer is that large).
 MAX_FRAME_BYTES = 1 << 48
 #: An accepted connection gets this long to prove the token and say hello.
 HANDSHAKE_TIMEOUT_S = 5.0
+
+
+#: SO_SNDBUF/SO_RCVBUF of the data sockets when PROCGROUP_TCP_SOCKET_BUFFER is unset;
+#: 0 leaves the kernel's autotuning alone (docs/backends/tcp.md has the measurements).
+SOCKET_BUFFER_BYTES = 0
+
+
+def socket_buffer_bytes() -> int:
+    """The socket buffer size asked for (PROCGROUP_TCP_SOCKET_BUFFER, bytes; 0: the kernel's)."""
+    size = env_bytes("PROCGROUP_TCP_SOCKET_BUFFER", SOCKET_BUFFER_BYTES, hint="0: the kernel's autotuning")
+    return int(size or 0)
+
+
+def tune(sock: socket.socket, timeout: float) -> None:
+    """A data socket's options: no Nagle delay (small frames leave at once), the buffer
+    size asked for (a fixed size turns the kernel's autotuning off), the channel timeout."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    size = socket_buffer_bytes()
+    if size:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+    sock.settimeout(timeout)
 
 
 def _purpose(ctx: ChannelContext, nonce: bytes) -> bytes:
@@ -129,6 +165,8 @@ def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
         for peer in range(ctx.rank):
             socks[peer] = _connect_to(ctx, key, peer, deadline)
         while expected:
+            if ctx.abort is not None:  # shrink: a member died, give up at once
+                ctx.abort()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(ctx.global_rank(r) for r in expected)
@@ -136,7 +174,7 @@ def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
                     f"tcp: ranks {missing} did not connect within {ctx.timeout}s", op="init", ranks=missing
                 )
             try:
-                conn, who, outcome = arrivals.get(timeout=min(remaining, 0.5))
+                conn, who, outcome = arrivals.get(timeout=min(remaining, 0.5 if ctx.abort is None else 0.02))
             except queue.Empty:
                 continue
             if isinstance(outcome, BaseException):
@@ -150,8 +188,7 @@ def connect_mesh(ctx: ChannelContext, address: str) -> dict[int, socket.socket]:
                 expected.discard(outcome)
                 socks[outcome] = conn
         for sock in socks.values():
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(ctx.timeout)
+            tune(sock, ctx.timeout)
         return socks
     except BaseException:
         for sock in socks.values():
@@ -276,6 +313,7 @@ class Peer:
                                         daemon=True)
         self._send_error: BaseException | None = None
         self._current: Landing | None = None  # where the reader is landing a payload now
+        self.last_heard = time.monotonic()  # when the reader last saw a frame (the heartbeat's watch)
 
     def start_reader(self) -> None:
         self._reader.start()
@@ -331,10 +369,10 @@ class Peer:
                 self.events.peer_failed(self, lost)
                 raise lost from None
 
-    def send_notice(self, body: bytes, kind: int) -> None:
+    def send_notice(self, body: bytes, kind: int, wait: float = 1.0) -> None:
         """Write a small control frame now, on the caller's thread, even after sends were
         failed: a lost-peer notice must be out before this process may exit. Best effort."""
-        if not self._send_lock.acquire(timeout=1.0):
+        if not self._send_lock.acquire(timeout=wait):
             return
         try:
             header = _wire.pack_header(kind, b"B", 0, self._seq_out, len(body), _wire.NO_FP)
@@ -344,6 +382,35 @@ class Peer:
             pass  # that peer is gone too; its own reader reports it
         finally:
             self._send_lock.release()
+
+    def send_heartbeat(self) -> None:
+        """A header-only frame, only if the socket takes it now: the heartbeat thread must
+        never block on a peer that stopped reading (nor behind a long send)."""
+        if not self._send_lock.acquire(blocking=False):
+            return  # a send is under way: the peer hears from us anyway
+        try:
+            if not select.select([], [self.sock], [], 0)[1]:
+                return
+            header = _wire.pack_header(_wire.KIND_HEARTBEAT, b"B", 0, self._seq_out, 0, _wire.NO_FP)
+            self._seq_out += 1
+            _send_all(self.sock, header, memoryview(b""))
+        except (OSError, ValueError):
+            pass  # the reader reports a broken connection
+        finally:
+            self._send_lock.release()
+
+    @property
+    def receiving(self) -> bool:
+        """The reader is in the middle of a payload (bytes are arriving)."""
+        return self._current is not None
+
+    def kill(self) -> None:
+        """Cut the connection to a peer declared dead (it learns it was excluded, and a
+        send blocked on it ends)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def fail_pending_sends(self, exc: BaseException) -> None:
         self._send_error = exc
@@ -363,6 +430,7 @@ class Peer:
                 if not self._read_into(hview, at_boundary=True):
                     return
                 kind, dtype_char, tag, seq, nbytes, fp = _wire.unpack_header(header)
+                self.last_heard = _now()
                 if seq != self._seq_in:
                     raise self._protocol(f"sent frame {seq} where {self._seq_in} was due")
                 self._seq_in += 1
@@ -383,6 +451,12 @@ class Peer:
                     self._read_into(body, at_boundary=False)
                     (lost,) = _wire.LOST.unpack_from(body)
                     self.events.peer_lost_notice(self, lost, bytes(body[_wire.LOST.size:]).decode("utf-8", "replace"))
+                elif kind == _wire.KIND_HEARTBEAT and nbytes == 0:
+                    pass
+                elif kind == _wire.KIND_CONTROL and nbytes <= MAX_CONTROL_BYTES:
+                    body = memoryview(bytearray(nbytes))
+                    self._read_into(body, at_boundary=False)
+                    self.events.control_message(self, bytes(body))
                 else:
                     raise self._protocol(f"sent a frame of unknown kind {kind} ({nbytes} bytes)")
         except Exception as exc:  # noqa: BLE001 - whatever stops the reader breaks the channel
@@ -410,6 +484,7 @@ class Peer:
         self._current = target
         self._read_into(view, at_boundary=False)
         self._current = None
+        self.last_heard = _now()
         target.finish(self.rank)
 
     def _discard(self, nbytes: int) -> None:
@@ -452,7 +527,8 @@ class Peer:
         """Say goodbye (unless the peer is gone) and close the socket."""
         self._closing = True
         # a sender stuck on a dead peer must not hold up teardown for long
-        if not self.left and self._send_error is None and self._send_lock.acquire(timeout=1.0):
+        # a broken channel still says goodbye to the live: they must not count this rank dead
+        if not self.left and self._send_lock.acquire(timeout=1.0):
             try:
                 self.sock.settimeout(1.0)
                 self.sock.sendall(_wire.pack_header(_wire.KIND_GOODBYE, b"B", 0, self._seq_out, 0))

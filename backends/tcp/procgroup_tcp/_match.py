@@ -69,6 +69,9 @@ class PostedRecv(Work):
         self.sender = sender
         self.error = error
         self.done.set()
+        wake = self._matcher.wake
+        if wake is not None:
+            wake()
 
     def fail(self, error: BaseException) -> None:
         if not self.done.is_set():
@@ -76,12 +79,14 @@ class PostedRecv(Work):
 
     # ------------------------------------------------------------ the caller's side
     def is_completed(self) -> bool:
+        if not self.done.is_set() and self._matcher.progress is not None:
+            self._matcher.progress()
         return self.done.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
         m = self._matcher
         limit = m.timeout if timeout is None else timeout
-        if self.done.wait(limit):
+        if m.wait_event(self.done, limit):
             if self.error is not None:
                 raise fresh(self.error)
             return True
@@ -94,7 +99,7 @@ class PostedRecv(Work):
             self.finish(-1, exc)
             raise exc
         # matched: the reader is filling the buffer and bounds a stalled peer itself
-        if not self.done.wait(m.timeout):
+        if not m.wait_event(self.done, m.timeout):
             raise exc
         if self.error is not None:
             raise fresh(self.error)
@@ -168,6 +173,12 @@ class Matcher:
         self._lock = threading.Lock()
         self._posted: list[PostedRecv] = []
         self._unexpected: list[Unexpected] = []
+        #: set when frames also arrive through shared memory: a wait must then drive
+        #: that progress itself (nothing else reads the rings), see ``_p2p``
+        self.progress: Callable[[], None] | None = None
+        #: with ``progress``: the wait that drives it, and how a landing wakes a sleeping waiter
+        self.wait_until: Callable[[Callable[[], bool], float], bool] | None = None
+        self.wake: Callable[[], None] | None = None
         #: tag -> (the MismatchError of its collective, until when the tag stays dead)
         self.dead: dict[int, tuple[BaseException, float]] = {}
 
@@ -213,7 +224,7 @@ class Matcher:
     def _deliver(self, ux: Unexpected, view: memoryview, dtype: np.dtype) -> None:
         # refuse a frame of the wrong size at once, not after its payload has arrived
         check_size(ux.data.nbytes, ux.dtype_char, view, dtype, self.global_rank(ux.src))
-        if not ux.done.wait(self.timeout):
+        if not self.wait_event(ux.done, self.timeout):
             raise CommTimeoutError(
                 f"message from rank {self.global_rank(ux.src)} did not finish arriving within {self.timeout}s",
                 op="recv", ranks=[self.global_rank(ux.src)],
@@ -222,6 +233,13 @@ class Matcher:
             raise fresh(ux.error)
         check_size(ux.data.nbytes, ux.dtype_char, view, dtype, self.global_rank(ux.src))
         view[:] = memoryview(ux.data)  # type: ignore[arg-type]
+
+    def wait_event(self, done: threading.Event, timeout: float) -> bool:
+        """``done.wait(timeout)``, driving the shared-memory progress meanwhile when there is one."""
+        wait_until = self.wait_until
+        if wait_until is None or done.is_set():
+            return done.wait(timeout)
+        return wait_until(done.is_set, timeout)
 
     def cancel(self, req: PostedRecv) -> bool:
         """Withdraw a receive no frame has matched yet; False when one has."""

@@ -28,7 +28,9 @@ KIND_DATA = 1
 KIND_GOODBYE = 2  # the peer is closing cleanly (destroy_process_group / exit)
 KIND_MISMATCH = 3  # the peer found a collective's fingerprints disagree (payload: NOTICE)
 KIND_PEER_LOST = 4  # the peer lost another rank (payload: LOST + the reason, utf-8)
-KINDS = frozenset((KIND_DATA, KIND_GOODBYE, KIND_MISMATCH, KIND_PEER_LOST))
+KIND_CONTROL = 20  # fault tolerance: revoke and the agreement (payload: the SDK's message)
+KIND_HEARTBEAT = 21  # "still alive", no payload (procgroup_tcp._heartbeat)
+KINDS = frozenset((KIND_DATA, KIND_GOODBYE, KIND_MISMATCH, KIND_PEER_LOST, KIND_CONTROL, KIND_HEARTBEAT))
 LOST = struct.Struct("<q")
 MAX_LOST_BYTES = 4096
 
@@ -103,8 +105,10 @@ __all__ = [
     "HEADER_SIZE",
     "HELLO_SIZE",
     "KINDS",
+    "KIND_CONTROL",
     "KIND_DATA",
     "KIND_GOODBYE",
+    "KIND_HEARTBEAT",
     "KIND_MISMATCH",
     "KIND_PEER_LOST",
     "LOST",

@@ -2,8 +2,10 @@
 
 It composes the layers below it: ``_conn`` (the mesh and one Peer per remote rank),
 ``_match`` (posted receives and the unexpected queue), ``_shm`` (collectives in shared
-memory when every rank is on this host) and ``_collectives`` (the pipelined ring over
-the sockets). It is the Peers' :class:`~procgroup_tcp._conn.PeerEvents`: frames land
+memory when every rank is on this host), ``_p2p`` (point-to-point in shared memory
+with each peer on this host) and ``_collectives`` (which algorithm runs a collective
+over the sockets, by size and world size; the pipelines are in ``_algorithms``). It is
+the Peers' :class:`~procgroup_tcp._conn.PeerEvents`: frames land
 through the matcher, and a peer lost without a goodbye breaks the channel
 (:meth:`~procgroup.backend.DataChannel.fail`): every pending and later call raises
 :class:`~procgroup.errors.PeerError` naming that rank.
@@ -14,11 +16,14 @@ ranks that disagree get a :class:`~procgroup.errors.MismatchError` on every rank
 (the rank that sees it first tells every peer with a mismatch notice), and the
 group stays usable.
 
-Ops, in the SDK's forms: ``start_recv`` posts a receive (its Work is the posted
+Ops, in the SDK's forms: a send to a same-host peer goes through its shared-memory
+ring (``_p2p``), and every receive is posted in the one matcher, whose waits then
+drive the rings too; otherwise ``start_recv`` posts a receive (its Work is the posted
 receive itself); ``start_send`` writes small messages inline and queues large ones on
 the peer's sender thread; ``do_send`` writes on the caller's thread, cheaper than a
 queued send plus a wait. Collectives run in the arena when it is open, else over the
-sockets (the base's algorithms, and all_reduce's pipelined ring for large arrays).
+sockets (all_reduce, broadcast and reduce as ``_collectives`` picks, the rest with the
+base's algorithms).
 """
 
 from __future__ import annotations
@@ -41,12 +46,24 @@ from procgroup.backend import (
 from procgroup.errors import ChannelClosedError, PeerError
 from procgroup.ops import ReduceOp
 
-from ._collectives import PIPELINE_MIN_BYTES, pipelined_ring_all_reduce
+from ._collectives import Plan
 from ._conn import Peer, PeerEvents, connect_mesh, left_error
 from ._fingerprints import Fingerprinted
+from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
+from ._p2p import OutLink, ShmP2P, open_p2p
 from ._shm import SharedMemoryArena, all_on_one_host
-from ._wire import KIND_MISMATCH, KIND_PEER_LOST, LOST, MAX_LOST_BYTES, NO_FP, NOTICE, byte_view, dtype_code
+from ._wire import (
+    KIND_CONTROL,
+    KIND_MISMATCH,
+    KIND_PEER_LOST,
+    LOST,
+    MAX_LOST_BYTES,
+    NO_FP,
+    NOTICE,
+    byte_view,
+    dtype_code,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +81,12 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._init_fingerprints({})
         self._peers: dict[int, Peer] = {}
         self._shm: SharedMemoryArena | None = None
+        self._broken_shm: SharedMemoryArena | None = None  # the arena of a broken channel, unused
+        self._p2p: ShmP2P | None = None
+        self._shm_out: dict[int, OutLink] = {}  # same-host peers whose messages go through shared memory
         self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post)
+        self._plan = Plan()  # which algorithm runs a collective over the sockets
+        self._heartbeat: Heartbeat | None = None
         if ctx.size == 1:
             return
         sockets = connect_mesh(ctx, host_address(ctx))
@@ -77,7 +99,18 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
             wanted = ctx.options.get("shm")
             if (wanted is None or wanted) and all_on_one_host(ctx):
                 # None: /dev/shm refused, sockets it is
-                self._shm = SharedMemoryArena.open(ctx, self.check_usable, self._has_left, self.fail)
+                self._shm = SharedMemoryArena.open(ctx, self._check_and_progress, self._has_left, self.fail)
+            self._p2p = open_p2p(ctx, self._peers, self._matcher, self.check_usable, self._has_left,
+                                 self.match_incoming, self._ring_broken)
+            if self._p2p is not None:
+                self._shm_out = self._p2p.out
+                self._matcher.progress = self._p2p.progress
+                self._matcher.wait_until = self._p2p.wait_until
+                self._matcher.wake = self._p2p.bell.ring
+            deadline = deadline_seconds(ctx.options)
+            if deadline:
+                self._heartbeat = Heartbeat(self._live_peers, deadline, self._silent,
+                                            f"procgroup-tcp-heartbeat-g{ctx.group_id}")
         except BaseException:
             self.close()
             raise
@@ -96,6 +129,17 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         """The peer said goodbye (destroy_process_group); the arena's waits ask this."""
         peer = self._peers.get(rank)
         return peer is not None and peer.left
+
+    def _check_and_progress(self) -> None:
+        """The arena's periodic check while it waits: a rank blocked in a collective still
+        takes in what same-host peers send it, so their sends never wait on it forever."""
+        self.check_usable()
+        if self._p2p is not None:
+            self._p2p.progress()
+
+    def _ring_broken(self, rank: int, exc: PeerError) -> None:
+        """A shared-memory ring broke its rules: like a socket that did."""
+        self.peer_failed(self._peers[rank], exc)
 
     def _may_post(self, src: int | None) -> None:
         """The matcher asks, under its lock, before it posts a receive."""
@@ -131,40 +175,109 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._matcher.poison(tag, mismatch(Fingerprint.unpack(mine), Fingerprint.unpack(theirs), detector, sender))
 
     def peer_left(self, peer: Peer) -> None:
-        """A goodbye: fail the receives that wait on that peer alone."""
-        self._matcher.fail_from(peer.rank, left_error(peer.global_rank))
+        """A goodbye: fail the receives that wait on that peer alone (after taking in what it
+        wrote to shared memory before it left, which is still delivered)."""
+        exc = left_error(peer.global_rank)
+        if self._p2p is not None and peer.rank in self._shm_out:
+            self._p2p.drain_from(peer.rank)
+            self._p2p.fail_to(peer.rank, exc)
+        self._matcher.fail_from(peer.rank, exc)
 
     def peer_failed(self, peer: Peer, exc: PeerError) -> None:
         """A connection dropped without goodbye: break the channel for every caller, and
         tell the other peers which rank it was (they may see this rank go next, and must
-        not blame it)."""
-        if not self._break(peer, exc):
+        not blame it; a later death is told too, so every survivor learns of each)."""
+        if self._closed:
+            peer.fail_current(exc)
+            return
+        first = self.peer_died(peer.rank, exc)  # recorded before the callers wake (failed_ranks)
+        peer.fail_current(exc)
+        if not first:
             return
         body = LOST.pack(peer.global_rank) + str(exc).encode()[:MAX_LOST_BYTES - LOST.size]
         for other in self._peers.values():
-            if other is not peer and not other.left:
+            if other is not peer and not other.left and other.rank not in self.failed_ranks():
                 other.send_notice(body, KIND_PEER_LOST)  # now: this process may exit next
 
     def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
-        """A peer lost rank ``lost``: this channel is broken too, and names that rank."""
-        self._break(peer, PeerError(f"{reason} (reported by rank {peer.global_rank})", rank=lost))
+        """A peer lost rank ``lost``: this channel is broken too, and names that rank; the
+        connection to it is cut (a frozen rank others gave up on is given up on here too)."""
+        exc = PeerError(f"{reason} (reported by rank {peer.global_rank})", rank=lost)
+        local = self._local_rank(lost)
+        if local is None or local == self.rank:
+            self._break(peer, exc)
+        elif self.peer_died(local, exc):  # recorded, then the channel breaks
+            gone = self._peers.get(local)
+            if gone is not None:
+                gone.kill()
 
-    def _break(self, peer: Peer, exc: PeerError) -> bool:
+    def _local_rank(self, global_rank: int) -> int | None:
+        ranks = self.ctx.global_ranks
+        if not ranks:
+            return global_rank if 0 <= global_rank < self.size else None
+        try:
+            return list(ranks).index(global_rank)
+        except ValueError:
+            return None
+
+    def _break(self, peer: Peer | None, exc: BaseException) -> bool:
         if not self.fail(exc):  # closed or broken already
-            peer.fail_current(exc)
+            if peer is not None:
+                peer.fail_current(exc)
             return False
         self._matcher.fail_all(exc)
+        if self._p2p is not None:
+            self._p2p.fail_all(exc)
         for other in self._peers.values():
             other.fail_pending_sends(exc)
             other.fail_current(exc)
+        if self._shm is not None:  # later ops take the socket path, whose first check raises
+            self._broken_shm, self._shm = self._shm, None
         return True
 
+    # ---------------------------------------------------------------- surviving a death
+    def interrupt(self, exc: BaseException) -> bool:
+        """Break the channel and wake every pending receive, send and arena wait."""
+        return self._break(None, exc)
+
+    def do_control_send(self, dst: int, payload: bytes) -> None:
+        peer = self._peers.get(dst)
+        if peer is None or peer.left:
+            raise PeerError(f"rank {self.ctx.global_rank(dst)} is not reachable", rank=dst)
+        peer.send_notice(payload, KIND_CONTROL, wait=self.timeout)
+
+    def control_message(self, peer: Peer, body: bytes) -> None:
+        self.control_received(peer.rank, body)
+
+    def _live_peers(self) -> list[Peer]:
+        dead = self.failed_ranks()
+        return [p for p in self._peers.values() if not p.left and p.rank not in dead]
+
+    def _silent(self, peer: Peer, silent_for: float) -> None:
+        """The heartbeat found ``peer`` silent past the deadline: it counts as dead."""
+        deadline = self._heartbeat.deadline if self._heartbeat is not None else 0.0
+        self.peer_failed(peer, PeerError(
+            f"rank {peer.global_rank} sent nothing for {silent_for:.1f}s, past the heartbeat deadline of "
+            f"{deadline:g}s (PROCGROUP_HEARTBEAT_TIMEOUT): it is stopped or its host hung; counted as dead",
+            rank=peer.global_rank))
+        peer.kill()
+
     # ---------------------------------------------------------------- point to point
+    # Same-host peers (``self._shm_out``) go through shared memory (``_p2p``), the others
+    # over their socket; a receive is posted in the one matcher either way.
     def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
-        self._peer(dst).send(byte_view(array), tag, dtype_code(array.dtype), self._fps.get(tag, NO_FP))
+        peer = self._peer(dst)
+        link = self._shm_out.get(dst)
+        if link is not None:
+            self._p2p.send(link, byte_view(array), tag, dtype_code(array.dtype), self._fps.get(tag, NO_FP))  # type: ignore[union-attr]
+            return
+        peer.send(byte_view(array), tag, dtype_code(array.dtype), self._fps.get(tag, NO_FP))
 
     def start_send(self, array: Any, dst: int, tag: int = 0) -> Work:
         peer = self._peer(dst)
+        link = self._shm_out.get(dst)
+        if link is not None:
+            return self._p2p.isend(link, byte_view(array), tag, dtype_code(array.dtype), self._fps.get(tag, NO_FP))  # type: ignore[union-attr]
         view = byte_view(array)
         dtype_char = dtype_code(array.dtype)
         fp = self._fps.get(tag, NO_FP)
@@ -177,33 +290,40 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self.check_usable()
         if src is not None and src not in self._peers:
             raise PeerError(f"rank {self.ctx.global_rank(src)} is not a peer of this channel", rank=src)
+        p2p = self._p2p
+        if p2p is None:
+            return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatched)
+        try:
+            return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatched)
+        except PeerError:
+            if src is None or src not in self._shm_out or not self._peers[src].left:
+                raise
+        # the peer left: what it wrote before its goodbye may still sit in its ring
+        p2p.drain_from(src)
         return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatched)
 
     # ---------------------------------------------------------------- collectives
     # Ranks on one host use the shared-memory arena (which compares the ranks' op
-    # descriptions first); otherwise the base's algorithms run over the sockets under the
-    # op's fingerprint (all_reduce of large arrays: the pipelined ring).
+    # descriptions first); otherwise the collective runs over the sockets under the op's
+    # fingerprint, all_reduce, broadcast and reduce with the algorithm ``_plan`` picks by
+    # size and world size (recursive doubling or tree when small, pipelined ring or chain
+    # when large), the others with the base's algorithms.
     def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
         shm = self._shm
         if shm is not None:  # the latency-critical case, dispatched first
             shm.all_reduce(array, op)
-        elif array.nbytes >= PIPELINE_MIN_BYTES and self.size > 1:
-            self._fingerprinted("all_reduce", array, self._ring_all_reduce, array, op, reduce_op=op)
         else:
-            self._fingerprinted("all_reduce", array, super().do_all_reduce, array, op, reduce_op=op)
-
-    def _ring_all_reduce(self, array: Any, op: ReduceOp) -> None:
-        pipelined_ring_all_reduce(self, array, op, self.next_collective_tag())
+            self._fingerprinted("all_reduce", array, self._plan.all_reduce, self, array, op, reduce_op=op)
 
     def do_broadcast(self, array: Any, src: int) -> None:
         if self._shm is None:
-            self._fingerprinted("broadcast", array, super().do_broadcast, array, src, root=src)
+            self._fingerprinted("broadcast", array, self._plan.broadcast, self, array, src, root=src)
         else:
             self._shm.broadcast(array, src)
 
     def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
         if self._shm is None:
-            self._fingerprinted("reduce", array, super().do_reduce, array, dst, op, root=dst, reduce_op=op)
+            self._fingerprinted("reduce", array, self._plan.reduce, self, array, dst, op, root=dst, reduce_op=op)
         else:
             self._shm.reduce(array, dst, op)
 
@@ -250,14 +370,20 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     # ---------------------------------------------------------------- teardown
     def do_close(self) -> None:
         """Say goodbye to every peer, fail what is pending, unmap the arena."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         for peer in self._peers.values():
             peer.close()
         exc = ChannelClosedError("the tcp channel was closed while this call was pending")
         self._matcher.fail_all(exc)
         for peer in self._peers.values():
             peer.fail_current(exc)
-        if self._shm is not None:
-            self._shm.close()
+        for arena in (self._shm, self._broken_shm):
+            if arena is not None:
+                arena.close()
+        self._plan.scratch.release()
+        if self._p2p is not None:
+            self._p2p.close()
 
 
 class TcpSubChannel(Fingerprinted, SubChannel):
@@ -267,18 +393,22 @@ class TcpSubChannel(Fingerprinted, SubChannel):
     def __init__(self, parent: DataChannel, ranks: Sequence[int], ctx: ChannelContext) -> None:
         super().__init__(parent, ranks, ctx)
         self._init_fingerprints(parent._fps)  # type: ignore[attr-defined]
+        self._plan = Plan()
 
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
         return TcpSubChannel(self, ranks, ctx)
 
     def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
-        self._fingerprinted("all_reduce", array, super().do_all_reduce, array, op, reduce_op=op)
+        self._fingerprinted("all_reduce", array, self._plan.all_reduce, self, array, op, reduce_op=op)
 
     def do_broadcast(self, array: Any, src: int) -> None:
-        self._fingerprinted("broadcast", array, super().do_broadcast, array, src, root=src)
+        self._fingerprinted("broadcast", array, self._plan.broadcast, self, array, src, root=src)
 
     def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
-        self._fingerprinted("reduce", array, super().do_reduce, array, dst, op, root=dst, reduce_op=op)
+        self._fingerprinted("reduce", array, self._plan.reduce, self, array, dst, op, root=dst, reduce_op=op)
+
+    def do_close(self) -> None:
+        self._plan.scratch.release()
 
     def do_all_gather(self, output_list: Sequence[Any], array: Any) -> None:
         self._fingerprinted("all_gather", array, super().do_all_gather, output_list, array)

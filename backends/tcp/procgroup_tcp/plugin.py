@@ -1,7 +1,9 @@
 """Entry point of the tcp backend: registers it with procgroup's plugin manager.
 
 ``side_channel=100``: the registry picks tcp as the host side channel of backends
-that need one (gloo's point-to-point, nccl's object collectives).
+that need one (gloo's point-to-point, the object collectives of gloo, mpi and nccl).
+``authenticated=True``: its connections pass the job-token handshake, so object
+collectives may unpickle what arrives on it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def procgroup_backends() -> list[BackendSpec]:
             devices=("cpu",),
             description="TCP sockets, one connection per peer pair; no extra dependencies",
             side_channel=100,
+            authenticated=True,  # every connection starts with the job-token handshake
         )
     ]
 

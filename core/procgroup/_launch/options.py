@@ -37,6 +37,8 @@ class LaunchOptions:
     tee: dict[int, int] = field(default_factory=dict)
     local_ranks_filter: frozenset[int] | None = None  # local ranks shown on the console
     max_restarts: int = 0
+    #: --keep-going: a failed rank does not stop the others; the job ends when all have
+    keep_going: bool = False
     timeout: float | None = None
     grace_period: float = 5.0
     monitor_interval: float = 0.05
@@ -94,6 +96,10 @@ class LaunchOptions:
             raise InvalidArgumentError("--master-addr must not be empty")
         if self.max_restarts < 0:
             raise InvalidArgumentError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.keep_going and self.max_restarts:
+            raise InvalidArgumentError(
+                "--keep-going and --max-restarts exclude each other: with --keep-going the survivors "
+                "go on after a failure, a restart would start every rank again")
         if self.timeout is not None and not self.timeout > 0:
             raise InvalidArgumentError(f"--timeout must be > 0 seconds, got {self.timeout}")
         if not self.grace_period >= 0:

@@ -329,12 +329,20 @@ class Supervisor:
         return done
 
     def _watch(self, deadline: float | None) -> str:
-        """Block until 'success', 'failure', 'timeout' or 'signal'."""
+        """Block until 'success', 'failure', 'timeout' or 'signal'. With --keep-going a
+        failed rank is reported and the others run on; 'failure' once all have ended."""
         while True:
-            self._poll()
+            done = self._poll()
             if self._signal is not None:
                 return "signal"
-            if any(r.returncode not in (None, 0) for r in self._ranks):
+            if self.opts.keep_going:
+                for r in done:
+                    if r.returncode not in (None, 0):
+                        self._say(f"{r.label()} {r.describe()}; the other ranks go on (--keep-going)")
+                if all(r.returncode is not None for r in self._ranks) and any(
+                        r.returncode != 0 for r in self._ranks):
+                    return "failure"
+            elif any(r.returncode not in (None, 0) for r in self._ranks):
                 return "failure"
             if all(r.returncode == 0 for r in self._ranks):
                 if self._mpiexec is None:
@@ -544,6 +552,9 @@ class Supervisor:
                 self._stop_all()  # first: the rank that raised may still be tearing down
                 root = self._root_cause()
                 attempts = f"attempt {restart + 1} of {o.max_restarts + 1}"
+                if o.keep_going:
+                    failed = [r.rank for r in self._ranks if r.returncode not in (None, 0)]
+                    attempts = f"--keep-going: the others ran on; failed ranks: {failed}"
                 self._summary(f"job failed ({attempts})", root)
                 if restart >= o.max_restarts:
                     if root is None:

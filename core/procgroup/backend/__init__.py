@@ -18,6 +18,7 @@ nothing private.
 from .._auth import client_handshake, job_key, server_handshake
 from .._settings import (
     MAX_TIMEOUT_S,
+    env_bytes,
     env_choice,
     env_flag,
     env_timeout,
@@ -38,6 +39,7 @@ from ._fingerprint import Fingerprint, mismatch
 from ._lowering import Lowered, ReduceTable, flat_view
 from ._netif import ENV_SOCKET_IFNAME, choose_address
 from ._spec import BackendSpec, InitMethodSpec, hookimpl
+from ._survival import MAX_CONTROL_BYTES, Decision
 from ._wait import late_peers, poll
 from ._work import CompletedWork, FutureWork, MappedWork, OrderedExecutor, Work
 
@@ -53,6 +55,7 @@ __all__ = [
     "COLLECTIVES",
     "COLLECTIVE_TAG_BASE",
     "ENV_SOCKET_IFNAME",
+    "MAX_CONTROL_BYTES",
     "MAX_TIMEOUT_S",
     "MAX_USER_TAG",
     "OPS",
@@ -61,6 +64,7 @@ __all__ = [
     "ChannelContext",
     "CompletedWork",
     "DataChannel",
+    "Decision",
     "Fingerprint",
     "FutureWork",
     "InitMethodSpec",
@@ -72,6 +76,7 @@ __all__ = [
     "Work",
     "choose_address",
     "client_handshake",
+    "env_bytes",
     "env_choice",
     "env_flag",
     "env_timeout",

@@ -35,7 +35,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..algorithms import direct, ring, tree
-from ..errors import ChannelClosedError
+from ..errors import ChannelClosedError, PeerError, UnsupportedOperationError
 from ..ops import ReduceOp
 from . import _debug
 from ._context import (
@@ -47,6 +47,7 @@ from ._context import (
     POINT_TO_POINT,
     ChannelContext,
 )
+from ._survival import Decision, Survival, parse
 from ._work import FutureWork, MappedWork, OrderedExecutor, Work
 
 if TYPE_CHECKING:
@@ -98,6 +99,10 @@ class DataChannel(abc.ABC):
     checks_agreement: bool = False
     #: The PROCGROUP_DEBUG=DETAIL checker, None when off: run/start/blocking test only this.
     _agreement: "_debug.Agreement | None" = None
+    #: Why this backend cannot shrink, when it cannot although it has a control plane
+    #: (docs/plugins.md, "Surviving a death"); "" when it can.
+    shrink_unsupported: str = ""
+    _survival: Survival | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -140,6 +145,9 @@ class DataChannel(abc.ABC):
         self._failure: BaseException | None = None
         self._state_lock = threading.Lock()
         self._agreement = _debug.for_channel(self)
+        #: channels riding on this one's control plane (sub-groups, gloo over its side
+        #: channel), by control id, with this channel's rank -> theirs
+        self._children: dict[int, tuple[DataChannel, dict[int, int]]] = {}
         # the caller-facing p2p calls, bound once: they are on every message's path
         self.send = self.blocking("send")  # type: ignore[method-assign]
         self.recv = self.blocking("recv")  # type: ignore[method-assign]
@@ -294,6 +302,8 @@ class DataChannel(abc.ABC):
             if self._closed:
                 return
             self._closed = True
+        if self._survival is not None:
+            self._survival.stop()  # what this rank owes the others goes out first
         try:
             self.do_close()
         finally:
@@ -306,6 +316,105 @@ class DataChannel(abc.ABC):
 
     def do_close(self) -> None:
         """Release sockets/communicators; pending calls must fail, not hang."""
+
+    # ------------------------------------------------------------ surviving a death
+    # A backend that implements do_control_send, calls control_received for what
+    # arrives and peer_died for each death it sees gets revoke, agree and shrink
+    # (procgroup.backend._survival; docs/fault-tolerance.md, docs/plugins.md).
+    def do_control_send(self, dst: int, payload: bytes) -> None:
+        """Hook: send a small control message to ``dst``; it must still go out after the
+        channel failed or was revoked, as long as ``dst`` lives. Best effort."""
+        if self.shrink_unsupported:
+            raise UnsupportedOperationError(self.shrink_unsupported)
+        raise UnsupportedOperationError(
+            f"the {self.backend_name or 'this'} backend cannot survive a death: it has no control plane "
+            f"(DataChannel.do_control_send; docs/plugins.md)")
+
+    @property
+    def survives(self) -> bool:
+        """True when this channel has a control plane (revoke, agree and shrink work)."""
+        return type(self).do_control_send is not DataChannel.do_control_send
+
+    def survival(self) -> Survival:
+        """This channel's fault-tolerance state (created on first use)."""
+        if not self.survives:
+            self.do_control_send(0, b"")  # raises the clear error
+        with self._state_lock:
+            if self._survival is None:
+                self._survival = Survival(self)
+            return self._survival
+
+    def control_received(self, src: int, payload: bytes) -> None:
+        """Called by the backend (any thread) with a control message from ``src``; raises
+        PeerError when it is malformed (the backend then closes that connection)."""
+        msg = parse(payload)
+        if msg is None:  # the transport closes that connection, as for any malformed frame
+            who = self.ctx.global_rank(src)
+            raise PeerError(f"rank {who} sent a malformed control message: the stream is corrupt or not "
+                            f"procgroup's; closing the connection to it", rank=who)
+        gid = msg["g"]
+        if gid == self.control_id:
+            self.survival().received(src, msg)
+            return
+        found = self._children.get(gid)
+        if found is not None and src in found[1]:
+            found[0].control_received(found[1][src], payload)
+
+    def peer_died(self, rank: int, exc: BaseException | None = None) -> bool:
+        """Called by the backend when it knows channel rank ``rank`` is dead: record it,
+        break the channel with ``exc`` (pending calls fail), and tell the sub-groups
+        holding it. True the first time this rank is reported."""
+        if self.survives and not self.survival().died(rank):
+            return False
+        failure = self._failure
+        if isinstance(failure, PeerError) and self._survival is not None:  # world ranks, as .rank
+            failure.ranks = tuple(self.ctx.global_rank(r) for r in sorted(self._survival.dead))
+        if exc is not None:
+            self.interrupt(exc)
+        for child, index in list(self._children.values()):
+            if rank in index:
+                child.peer_died(index[rank], exc if exc is not None else self._failure)
+        return True
+
+    @property
+    def control_id(self) -> int:
+        """What this channel's control messages carry to reach it: its group id."""
+        return self.ctx.group_id
+
+    def carry_control(self, child: "DataChannel", index: dict[int, int]) -> None:
+        """Route ``child``'s control messages and deaths through this channel (``index``:
+        this channel's rank -> the child's); a channel riding on this one calls it."""
+        self._children[child.control_id] = (child, index)
+
+    def interrupt(self, exc: BaseException) -> bool:
+        """Hook: break the channel with ``exc`` and wake every pending call. The base
+        breaks it only; a backend whose pending calls would not notice overrides it."""
+        return self.fail(exc)
+
+    def failed_ranks(self) -> tuple[int, ...]:
+        """The channel ranks known dead (from the control plane, else from the failure)."""
+        if self._survival is not None:
+            return tuple(sorted(self._survival.dead))
+        failure = self._failure
+        return tuple(getattr(failure, "ranks", ()) or ()) if failure is not None else ()
+
+    def revoke(self) -> None:
+        """Fail every pending and later call of every live member (collective in effect,
+        local in call): members hear it over the control plane."""
+        self.survival().revoke()
+
+    def agree(self, flag: bool, timeout: float, extra: Callable[[], bytes] | None = None) -> Decision:
+        """The same Decision on every live member (AND of ``flag``), surviving deaths."""
+        return self.survival().agree(flag, timeout, extra)
+
+    def do_shrink(self, ctx: ChannelContext) -> "DataChannel":
+        """Hook: a channel of this backend among the survivors that ``ctx`` describes (a
+        new Store, new ranks). The default builds a new instance of the class; a backend
+        with state to carry over, or none to build, overrides it."""
+        if self.shrink_unsupported:
+            raise UnsupportedOperationError(self.shrink_unsupported)
+        self.survival()  # the control plane is needed to agree first
+        return type(self)(ctx)
 
     def _p2p_executor(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._p2p_pool is None:
@@ -328,6 +437,26 @@ class SubChannel(DataChannel):
         self._ranks = tuple(ranks)
         self._index = {r: i for i, r in enumerate(self._ranks)}
         self._user_tag_base = GROUP_P2P_TAG_BASE + ctx.group_id * MAX_USER_TAG
+        parent.carry_control(self, self._index)  # control messages and deaths reach it
+
+    @property
+    def survives(self) -> bool:
+        return self._parent.survives
+
+    def do_control_send(self, dst: int, payload: bytes) -> None:
+        self._parent.do_control_send(self._ranks[dst], payload)
+
+    def do_shrink(self, ctx: ChannelContext) -> DataChannel:
+        """A new channel of the transport's own class among the survivors."""
+        root: DataChannel = self
+        while isinstance(root, SubChannel):
+            root = root._parent
+        if root.shrink_unsupported:
+            raise UnsupportedOperationError(root.shrink_unsupported)
+        return type(root)(ctx)
+
+    def do_close(self) -> None:
+        self._parent._children.pop(self.control_id, None)
 
     def _tag(self, tag: int) -> int:
         return tag if tag >= MAX_USER_TAG else self._user_tag_base + tag
@@ -340,15 +469,23 @@ class SubChannel(DataChannel):
         return self._failure or self._parent.failure
 
     def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
+        if self._failure is not None:
+            self.check_usable()
         self._parent.send(array, self._ranks[dst], self._tag(tag))
 
     def start_send(self, array: Any, dst: int, tag: int = 0) -> Work:
+        if self._failure is not None:
+            self.check_usable()
         return self._parent.isend(array, self._ranks[dst], self._tag(tag))
 
     def do_recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
+        if self._failure is not None:
+            self.check_usable()
         return self._index[self._parent.recv(array, self._src(src), self._tag(tag))]
 
     def start_recv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
+        if self._failure is not None:
+            self.check_usable()
         return MappedWork(self._parent.irecv(array, self._src(src), self._tag(tag)), self._index.__getitem__)
 
 

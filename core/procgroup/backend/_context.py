@@ -57,6 +57,9 @@ class ChannelContext:
     #: The job's HMAC key (from the job token): every connection the channel opens starts
     #: with client_handshake/server_handshake on it. None: the key of "no token".
     job_key: bytes | None = None
+    #: Set-up waits call it often; it raises to abandon the set-up (shrink: a member of
+    #: the new channel died meanwhile). None outside shrink.
+    abort: Callable[[], None] | None = None
 
     def global_rank(self, rank: int) -> int:
         """The world rank of channel rank ``rank`` (for error messages)."""

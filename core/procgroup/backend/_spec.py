@@ -55,6 +55,11 @@ class BackendSpec:
     #: > 0: the backend can serve as the host side channel of other backends (a CPU
     #: point-to-point channel over any members of a Store); the highest wins.
     side_channel: int = 0
+    #: True when every byte the channel receives came over connections that passed the
+    #: job-token handshake (or memory only such peers share). Object collectives unpickle
+    #: on such a group directly; on any other they run over an authenticated host side
+    #: group, so a stranger who reaches the backend's own transport cannot feed a pickle.
+    authenticated: bool = False
     #: Extra public functions the plugin adds to ``procgroup`` (name -> function),
     #: looked up when ``procgroup.<name>`` is not a core name (e.g. nccl's *_multigpu).
     api: Mapping[str, Callable[..., Any]] = field(default_factory=dict)

@@ -2,7 +2,8 @@
 
 Per size it reports the median time, algbw and busbw (nccl-tests definitions), for
 several backends and comparisons (torch.distributed gloo, raw mpi4py, raw pygloo) run
-side by side in one job, so every ratio comes from one run. ``procgroup-bench -np 2``
+side by side in one job, so every ratio comes from one run. ``procgroup-bench
+master-worker`` measures master-worker mode against torch.distributed.rpc instead. ``procgroup-bench -np 2``
 starts its own ranks; under mpiexec or procgroup-run it is one rank of theirs. Output: a
 table on stdout, optional ``--json``, ``--csv`` and ``--plot`` (matplotlib, the
 ``procgroup[bench]`` extra). See docs/benchmarking.md.
@@ -25,6 +26,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ._rank import run_rank
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["master-worker"]:
+        from ._master_worker import main as master_worker
+
+        try:
+            return master_worker(args[1:])
+        except ProcGroupError as exc:
+            print(f"procgroup-bench master-worker: error: {exc}", file=sys.stderr)
+            return 2
     try:
         opts = parse_options(args)
         launcher = external_launcher()

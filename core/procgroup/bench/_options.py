@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     # nccl-tests' spellings: -b/-e/-f (sweep), -n (iterations), -w (warmup), -c (check)
     a("-np", "-N", "--nprocs", dest="nprocs", default="2", help="ranks to start on this host (default 2)")
     a("--backend", "-B", default="tcp", help="procgroup backends, comma separated (default tcp); "
-      "the first is the reference of the ratio column")
+      "the first is the reference of the ratio column; NAME[key=value;...] passes options to the "
+      "backend (a channel of its own), e.g. tcp[shm=0] for the socket path")
     a("--compare", action="append", default=[], metavar="{torch,raw}",
       help="also run torch.distributed gloo (torch) and/or raw mpi4py and pygloo (raw) in the same sweep")
     a("--op", "-o", default="all_reduce", help="ops, comma separated: all_reduce, broadcast, reduce, all_gather, "
@@ -108,6 +109,8 @@ def parse_options(argv: list[str]) -> Options:
     o = Options()
     o.nprocs = _positive_int("-n/--nprocs", ns.nprocs)
     o.backends = _names(ns.backend, "--backend")
+    for name in o.backends:
+        variant_options(name)  # a malformed NAME[key=value] is an error now, not in the ranks
     o.compare = []
     for item in ns.compare:
         for name in _names(item, "--compare"):
@@ -144,6 +147,17 @@ def parse_options(argv: list[str]) -> Options:
     if o.plot and importlib.util.find_spec("matplotlib") is None:
         raise InvalidArgumentError(f"--plot needs matplotlib, which is not installed: {PLOT_HINT}")
     return o
+
+
+def variant_options(name: str) -> tuple[str, dict[str, str]]:
+    """``tcp[shm=0;x=y]`` -> ("tcp", {"shm": "0", "x": "y"}); a plain name has no options."""
+    base, bracket, rest = name.partition("[")
+    if not bracket:
+        return name, {}
+    pairs = [item.partition("=") for item in rest[:-1].split(";")] if rest.endswith("]") else []
+    if not base or not pairs or any(not k.strip() or not eq for k, eq, _ in pairs):
+        raise InvalidArgumentError(f"--backend {name!r}: write options as NAME[key=value;key=value]")
+    return base, {k.strip(): v.strip() for k, _, v in pairs}
 
 
 def _names(text: str, option: str) -> list[str]:

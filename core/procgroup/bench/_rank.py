@@ -31,7 +31,7 @@ from procgroup import plugins
 from procgroup.errors import InvalidArgumentError, ProcGroupError
 
 from . import _raw, _torch
-from ._options import Options
+from ._options import Options, variant_options
 from ._progress import Progress
 from ._report import Record, fill_ratios, print_table, write_csv, write_json
 from ._sweep import (
@@ -137,13 +137,15 @@ def _pg_variant(name: str, control: str, timeout: float) -> Callable[[], Variant
     def connect() -> Variant:
         if name == control:
             return ProcGroupVariant(name, None)
-        return ProcGroupVariant(name, pg.new_group(list(range(pg.get_world_size())), backend=name, timeout=timeout))
+        backend, options = variant_options(name)
+        return ProcGroupVariant(name, pg.new_group(list(range(pg.get_world_size())), backend=backend, timeout=timeout,
+                                                   options=options or None))
     return connect
 
 
 def _pg_missing(name: str) -> str | None:
     try:
-        spec = plugins.get_backend_spec(name)
+        spec = plugins.get_backend_spec(variant_options(name)[0])
     except ProcGroupError as exc:
         return str(exc)
     return spec.unavailable()

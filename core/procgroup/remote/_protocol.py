@@ -40,6 +40,13 @@ K_CMDS = 1  # a pickled list of commands
 K_OK = 2  # reply: payload is the data / pickled value, inline
 K_OK_MORE = 3  # reply: the payload follows as one more message of the announced length
 K_ERR = 4  # reply: payload is a pickled ErrorInfo (list), inline or followed (len > INLINE)
+K_OK_READY = 5  # data: the rest follows once the receiver sent one READY byte back
+
+#: Array data of at least this many bytes past the frame waits for the receiver's READY
+#: (send_array with rendezvous=True): its receive is then posted into the result array
+#: before the data moves, so the transport never parks it in an unexpected-message buffer
+#: (one more 64 MiB copy) nor in fresh pages twice.
+RENDEZVOUS_BYTES = 1 << 20
 
 
 def reply_tag(n: int) -> int:
@@ -71,6 +78,24 @@ def send_payload(channel: Any, buf: np.ndarray, dst: int, tag: int, kind: int, p
     if n > INLINE:
         rest = payload[INLINE:]
         channel.send(rest if isinstance(rest, np.ndarray) else np.frombuffer(rest, np.uint8), dst, tag)
+
+
+def send_array(channel: Any, buf: np.ndarray, dst: int, tag: int, data: np.ndarray, *, rendezvous: bool) -> None:
+    """Send array bytes (a flat uint8 view) as a K_OK frame and its remainder; with
+    ``rendezvous`` a large remainder waits until the receiver says its receive is posted
+    (recv_array answers K_OK_READY). Only where the receiver is already waiting for the
+    array (a get, a copy between workers): the master's own sends stay eager."""
+    n = data.nbytes
+    ready = rendezvous and n - INLINE >= RENDEZVOUS_BYTES
+    HEADER.pack_into(buf, 0, K_OK_READY if ready else K_OK, n)
+    head = min(n, INLINE)
+    if head:
+        buf[HEADER.size:HEADER.size + head] = data[:head]
+    channel.send(buf, dst, tag)
+    if n > INLINE:
+        if ready:
+            channel.recv(buf[:1], dst, tag)
+        channel.send(data[INLINE:], dst, tag)
 
 
 def recv_payload(channel: Any, buf: np.ndarray, src: int, tag: int) -> tuple[int, bytes | np.ndarray]:
@@ -118,7 +143,7 @@ class Ref:
 
 
 __all__ = [
-    "CMD_TAG", "FRAME", "HEADER", "HELLO_TAG", "INLINE", "K_CMDS", "K_ERR", "K_OK", "K_OK_MORE",
-    "TAG_BASE", "ErrorInfo", "Ref", "byte_view", "dumps", "recv_payload", "reply_tag", "send_payload",
-    "transfer_tag",
+    "CMD_TAG", "FRAME", "HEADER", "HELLO_TAG", "INLINE", "K_CMDS", "K_ERR", "K_OK", "K_OK_MORE", "K_OK_READY",
+    "RENDEZVOUS_BYTES", "TAG_BASE", "ErrorInfo", "Ref", "byte_view", "dumps", "recv_payload", "reply_tag",
+    "send_array", "send_payload", "transfer_tag",
 ]

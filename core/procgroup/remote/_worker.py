@@ -168,7 +168,7 @@ class Worker:
 
     def send_array(self, dst: int, tag: int, value: Any) -> None:
         host = _host(value)
-        P.send_payload(self.channel, self.buf(), dst, tag, P.K_OK, P.byte_view(host))
+        P.send_array(self.channel, self.buf(), dst, tag, P.byte_view(host), rendezvous=True)
 
     def recv_array(self, src: int, tag: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | list[ErrorInfo]:
         return recv_array(self.channel, self.buf(), src, tag, shape, dtype)
@@ -316,8 +316,9 @@ class Worker:
 
 def recv_array(channel: Any, buf: np.ndarray, src: int, tag: int, shape: tuple[int, ...],
                dtype: np.dtype) -> np.ndarray | list[ErrorInfo]:
-    """Receive an array sent with send_payload (allocated once the header said data is
-    coming), or the sender's errors instead."""
+    """Receive an array sent with send_payload or send_array (allocated once the header
+    said data is coming; for K_OK_READY its receive is posted before READY goes back),
+    or the sender's errors instead."""
     channel.recv(buf, src, tag)
     kind, n = P.HEADER.unpack_from(buf, 0)
     if kind == P.K_ERR:
@@ -334,7 +335,12 @@ def recv_array(channel: Any, buf: np.ndarray, src: int, tag: int, shape: tuple[i
     head = min(n, P.INLINE)
     target[:head] = buf[P.HEADER.size:P.HEADER.size + head]
     if n > P.INLINE:
-        channel.recv(target[P.INLINE:], src, tag)
+        if kind == P.K_OK_READY:  # post the receive into the result, then let the data come
+            work = channel.irecv(target[P.INLINE:], src, tag)
+            channel.send(buf[:1], src, tag)
+            work.wait()
+        else:
+            channel.recv(target[P.INLINE:], src, tag)
     return out
 
 

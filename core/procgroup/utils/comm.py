@@ -98,8 +98,9 @@ def synchronize() -> None:
 
 
 def _cpu_group() -> Any:
-    """The world's group for host data: the world itself or, on a CUDA-only backend
-    (nccl), the tcp side group procgroup's own object collectives use (made on first use,
+    """The world's group for pickled data: the world itself on tcp or, on a backend whose
+    transport does not check the job token or moves device memory only (gloo, mpi,
+    nccl), the tcp side group procgroup's own object collectives use (made on first use,
     collectively: every rank reaches it from the same call)."""
     return _state.host_group(_state.resolve(None))
 

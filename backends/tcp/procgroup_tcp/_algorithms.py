@@ -1,0 +1,201 @@
+"""Segmented, pipelined collectives for large arrays over the sockets.
+
+Built on a channel's public point-to-point calls only (``send``/``irecv``), so any
+channel with those runs them. Each array is cut into segments of ``seg_bytes``; a
+segment moves on as soon as it has arrived (and been reduced), so receiving,
+reducing and sending overlap along the whole chain, and a rank's part of one step
+overlaps the next step. Receives are posted one step ahead, so frames land in
+place (or in ``scratch``) rather than on the unexpected queue. ``scratch`` is a
+uint8 buffer the caller owns (the channel keeps one between calls: no page faults
+per call); its size is given by :func:`scratch_bytes`.
+
+Every function is deterministic across ranks: each element of an all_reduce is
+reduced in one fixed order and the result is then copied, so every rank gets the
+same bits. Which algorithm runs at which size is decided in ``_collectives``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from procgroup.algorithms.ring import chunk_bounds
+from procgroup.ops import ReduceOp, finish_average, reduce_into
+
+if TYPE_CHECKING:
+    from procgroup.backend import DataChannel, Work
+
+
+def segments(arr: np.ndarray, seg_elems: int) -> list[np.ndarray]:
+    """Consecutive views of at most ``seg_elems`` elements (one empty view for size 0)."""
+    return [arr[i : i + seg_elems] for i in range(0, arr.size, seg_elems)] if arr.size else [arr]
+
+
+def _typed(scratch: np.ndarray, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
+    """``count`` elements of ``dtype`` from ``scratch``, starting at element ``offset``."""
+    start = offset * dtype.itemsize
+    return scratch[start : start + count * dtype.itemsize].view(dtype)
+
+
+def scratch_bytes(algorithm: str, array: np.ndarray, size: int) -> int:
+    """Bytes of scratch ``algorithm`` needs for ``array`` on ``size`` ranks."""
+    if algorithm == "ring_all_reduce":
+        return 2 * (-(-array.size // size)) * array.itemsize  # two steps in flight
+    if algorithm == "chain_reduce":
+        return array.nbytes
+    return 0
+
+
+def ring_all_reduce(
+    ch: DataChannel, array: np.ndarray, op: ReduceOp, tag: int, scratch: np.ndarray, seg_bytes: int
+) -> None:
+    """Reduce-scatter then all-gather around the ring, streamed segment by segment.
+
+    Step s < n-1 receives chunk (r-s-1) from the left and reduces it into ours; step
+    n-1+t receives chunk (r-t), final, in place. Whatever step s produced is what step
+    s+1 sends, so each segment goes right on once it is ready: a rank sends 2(n-1)/n of
+    the array, and the all-gather overlaps the reduce-scatter. The caller's thread both
+    sends (one segment at a time, see :class:`_Pump`) and reduces what has landed.
+    """
+    n, r = ch.size, ch.rank
+    if n == 1 or array.size == 0:
+        return
+    flat = array.reshape(-1)
+    bounds = chunk_bounds(flat.size, n)
+    chunks = [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
+    widest = max(c.size for c in chunks)
+    tmp = [_typed(scratch, flat.dtype, widest), _typed(scratch, flat.dtype, widest, widest)]
+    seg = max(seg_bytes // flat.itemsize, 1)
+    right, left = (r + 1) % n, (r - 1) % n
+    steps = 2 * (n - 1)
+
+    def recv_index(s: int) -> int:
+        return (r - s - 1) % n if s < n - 1 else (r - (s - n + 1)) % n
+
+    def landing(s: int) -> np.ndarray:
+        idx = recv_index(s)
+        return tmp[s % 2][: chunks[idx].size] if s < n - 1 else chunks[idx]
+
+    def arrivals(s: int) -> list[tuple[Work, np.ndarray, np.ndarray]]:
+        parts = segments(landing(s), seg)
+        return [
+            (ch.irecv(part, left, tag), part, dest) for part, dest in zip(parts, segments(chunks[recv_index(s)], seg))
+        ]
+
+    pump = _Pump(ch, right, tag, segments(chunks[r], seg))
+    posted = arrivals(0)
+    for s in range(steps):
+        ahead = arrivals(s + 1) if s + 1 < steps else []  # frames land in place, never unexpected
+        for work, part, dest in posted:
+            pump.until(work)
+            if s < n - 1:
+                reduce_into(op, dest, part)
+                if s == n - 2:
+                    finish_average(op, dest, n)
+            if s + 1 < steps:
+                pump.queue.append(dest)
+        posted = ahead
+    pump.drain()
+
+
+class _Pump:
+    """Sends queued segments on the caller's thread, one blocking send at a time, while
+    the reader threads land what comes in: two threads per rank, no sender hand-off. A
+    send blocks only while the peer's kernel buffer is full, and the peer's reader
+    always drains it, so two ranks pumping at each other cannot deadlock."""
+
+    def __init__(self, ch: DataChannel, dst: int, tag: int, first: list[np.ndarray]) -> None:
+        self.ch, self.dst, self.tag = ch, dst, tag
+        self.queue: deque[np.ndarray] = deque(first)
+
+    def until(self, work: Work) -> None:
+        """Send queued segments until ``work`` (a receive) has completed, then return."""
+        queue, send = self.queue, self.ch.send
+        while queue and not work.is_completed():
+            send(queue.popleft(), self.dst, self.tag)
+        work.wait()
+
+    def drain(self) -> None:
+        queue, send = self.queue, self.ch.send
+        while queue:
+            send(queue.popleft(), self.dst, self.tag)
+
+
+def chain_broadcast(ch: DataChannel, array: np.ndarray, src: int, tag: int, seg_bytes: int) -> None:
+    """``src``'s array down the chain src, src+1, ...; each rank forwards a segment as it lands.
+
+    Every rank receives and sends the array once: the time is about one array's transfer
+    plus (n-2) segments, where a binomial tree costs log2(n) transfers at the root.
+    """
+    n = ch.size
+    if n == 1 or array.size == 0:
+        return
+    vr = (ch.rank - src) % n
+    prev, nxt = (ch.rank - 1) % n, (ch.rank + 1) % n
+    parts = segments(array.reshape(-1), max(seg_bytes // array.itemsize, 1))
+    pump = _Pump(ch, nxt, tag, parts if vr == 0 else [])
+    if vr != 0:
+        recvs = [ch.irecv(part, prev, tag) for part in parts]
+        for work, part in zip(recvs, parts):
+            pump.until(work)
+            if vr < n - 1:
+                pump.queue.append(part)
+    pump.drain()
+
+
+def chain_reduce(
+    ch: DataChannel, array: np.ndarray, dst: int, op: ReduceOp, tag: int, scratch: np.ndarray, seg_bytes: int
+) -> None:
+    """Reduce toward ``dst`` along the chain dst+n-1 -> ... -> dst+1 -> dst, segment by segment.
+
+    A rank adds its own segment to the partial sum arriving from behind it and passes
+    it on; only ``dst``'s array changes. Each rank moves the array once, so the time is
+    about one transfer plus one reduction, overlapped.
+    """
+    n = ch.size
+    if n == 1 or array.size == 0:
+        return
+    vr = (ch.rank - dst) % n
+    behind, ahead = (ch.rank + 1) % n, (ch.rank - 1) % n
+    flat = array.reshape(-1)
+    seg = max(seg_bytes // flat.itemsize, 1)
+    mine = segments(flat, seg)
+    pump = _Pump(ch, ahead, tag, mine if vr == n - 1 else [])  # the far end starts the chain
+    if vr != n - 1:
+        incoming = segments(_typed(scratch, flat.dtype, flat.size), seg)
+        recvs = [ch.irecv(part, behind, tag) for part in incoming]
+        for work, part, own in zip(recvs, incoming, mine):
+            pump.until(work)
+            if vr == 0:
+                reduce_into(op, own, part)  # the root accumulates in place
+                finish_average(op, own, n)
+            else:
+                reduce_into(op, part, own)  # a non-root's array stays as it was
+                pump.queue.append(part)
+    pump.drain()
+
+
+class Scratch:
+    """One reusable uint8 buffer per channel: large collectives need the same size again
+    and again, and a fresh allocation costs page faults on every call."""
+
+    def __init__(self, keep_bytes: int) -> None:
+        self.keep_bytes = keep_bytes
+        self._buf: np.ndarray | None = None
+
+    def get(self, nbytes: int) -> np.ndarray:
+        """At least ``nbytes`` of scratch; kept for the next call when under ``keep_bytes``."""
+        buf = self._buf
+        if buf is not None and buf.nbytes >= nbytes:
+            return buf
+        fresh: np.ndarray[Any, np.dtype[np.uint8]] = np.empty(nbytes, dtype=np.uint8)
+        if nbytes <= self.keep_bytes:
+            self._buf = fresh
+        return fresh
+
+    def release(self) -> None:
+        self._buf = None
+
+
+__all__ = ["Scratch", "chain_broadcast", "chain_reduce", "ring_all_reduce", "scratch_bytes", "segments"]

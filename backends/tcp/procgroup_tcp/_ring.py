@@ -1,0 +1,169 @@
+"""One single-producer, single-consumer ring of records in shared memory (one per ordered pair).
+
+A ring lives in its receiver's inbox segment: a 4 KiB control block, then ``capacity``
+bytes of records. The sender owns the ``tail`` counter, the receiver the ``head``
+counter and the rendezvous acknowledgement slots; each counter sits on its own cache
+line and only ever grows. A record is written in full before the tail moves past it,
+and read in full before the head moves past it: on x86-64 stores are seen in program
+order (TSO), which is all this needs (the same rule the arena in ``_shm`` relies on).
+
+Records never wrap: one that does not fit before the end of the ring is preceded by a
+PAD record that sends the reader back to offset 0. Every field read from the ring is
+checked against the ring's own bounds before it is used (:class:`RingReader.next`).
+"""
+
+from __future__ import annotations
+
+import struct
+
+#: the control block: tail (sender) at 0, head (receiver) at 64, ack slots from 128
+CTRL_BYTES = 4096
+_TAIL_WORD, _HEAD_WORD, _ACK_WORD = 0, 8, 16
+#: outstanding rendezvous sends per ordered pair (their acknowledgement slots)
+ACK_SLOTS = 256
+
+# kind u8 | dtype char | reserved u16 | record length u32 | tag (MORE: chunk offset) u64 |
+# message bytes u64 | fingerprint 32 B
+RECORD = struct.Struct("<BcHIQQ32s")
+HEADER_BYTES = RECORD.size
+# a rendezvous record's body: the sender's buffer address and the send's number
+RTS = struct.Struct("<QQ")
+
+K_PAD = 1  # nothing here: go on at offset 0
+K_EAGER = 2  # a whole message
+K_FIRST = 3  # the first chunk of a message streamed through the ring
+K_MORE = 4  # a later chunk; the tag field holds its offset in the message
+K_RTS = 5  # rendezvous: read the message from the sender's memory, then acknowledge
+_KINDS = (K_EAGER, K_FIRST, K_MORE, K_RTS)
+
+#: acknowledgement words: (send number + 1) << 2 | status (0: nothing acknowledged yet)
+ACK_OK, ACK_REFUSED = 1, 2
+
+
+def ring_bytes(capacity: int) -> int:
+    """The bytes one ring takes in an inbox segment."""
+    return CTRL_BYTES + capacity
+
+
+def _span(reclen: int) -> int:
+    """A record's length rounded up to 8 bytes: where the next one starts."""
+    return (reclen + 7) & ~7
+
+
+class RingCorrupt(ValueError):
+    """A record that breaks the ring's rules: the peer (or the memory) cannot be trusted."""
+
+
+class RingWriter:
+    """The sender's end: writes records, reads the head and the acknowledgements."""
+
+    def __init__(self, buf: memoryview, base: int, capacity: int) -> None:
+        self.capacity = capacity
+        self._words = buf[base : base + CTRL_BYTES].cast("Q")
+        self._data = buf[base + CTRL_BYTES : base + CTRL_BYTES + capacity]
+        self._tail = self._words[_TAIL_WORD]
+        self._head = self._words[_HEAD_WORD]
+
+    def free_for(self, payload: int) -> int:
+        """The bytes this record would take (pad included) when it fits now, else 0."""
+        need = _span(HEADER_BYTES + payload)
+        pos = self._tail % self.capacity
+        if pos + need > self.capacity:
+            need += self.capacity - pos  # a PAD to the end first
+        if self._tail + need - self._head > self.capacity:
+            self._head = self._words[_HEAD_WORD]
+            if self._tail + need - self._head > self.capacity:
+                return 0
+        return need
+
+    def write(
+        self, kind: int, dtype_char: bytes, tag: int, nbytes: int, fp: bytes, payload: memoryview | bytes, need: int
+    ) -> None:
+        """Write one record of ``payload`` (``need`` from :meth:`free_for`) and publish it."""
+        pos = self._tail % self.capacity
+        data = self._data
+        if pos + _span(HEADER_BYTES + len(payload)) > self.capacity:
+            RECORD.pack_into(data, pos, K_PAD, b"B", 0, self.capacity - pos, 0, 0, b"")
+            pos = 0
+        n = len(payload)
+        RECORD.pack_into(data, pos, kind, dtype_char, 0, HEADER_BYTES + n, tag, nbytes, fp)
+        if n:
+            data[pos + HEADER_BYTES : pos + HEADER_BYTES + n] = payload
+        self._tail += need
+        self._words[_TAIL_WORD] = self._tail  # after the record: the reader may take it now
+
+    def ack(self, slot: int) -> int:
+        return self._words[_ACK_WORD + slot]
+
+    def release(self) -> None:
+        self._words.release()
+        self._data.release()
+
+
+class RingReader:
+    """The receiver's end: reads records in order, moves the head, writes acknowledgements."""
+
+    def __init__(self, buf: memoryview, base: int, capacity: int) -> None:
+        self.capacity = capacity
+        self._words = buf[base : base + CTRL_BYTES].cast("Q")
+        self.data = buf[base + CTRL_BYTES : base + CTRL_BYTES + capacity]
+        self.head = self._words[_HEAD_WORD]
+        self._tail = self._words[_TAIL_WORD]
+
+    def has_record(self) -> bool:
+        if self._tail != self.head:
+            return True
+        self._tail = self._words[_TAIL_WORD]
+        return self._tail != self.head
+
+    def next(self) -> tuple[int, bytes, int, int, int, bytes, int]:
+        """(kind, dtype char, tag, message bytes, fingerprint, payload offset, payload bytes)
+        of the next record; call :meth:`consume` once its payload has been copied."""
+        pos = self.head % self.capacity
+        avail = self._tail - self.head
+        if avail > self.capacity or avail < 0:
+            raise RingCorrupt(f"the ring's counters are inconsistent (head {self.head}, tail {self._tail})")
+        if pos + HEADER_BYTES > self.capacity:
+            raise RingCorrupt(f"a record at offset {pos} would cross the end of the ring")
+        kind, dtype_char, _, reclen, tag, nbytes, fp = RECORD.unpack_from(self.data, pos)
+        if kind == K_PAD:
+            if reclen != self.capacity - pos or reclen > avail:
+                raise RingCorrupt(f"a pad record of {reclen} bytes at offset {pos}")
+            self.head += reclen
+            if not self.has_record():
+                raise RingCorrupt("a pad record with nothing after it")
+            return self.next()
+        if kind not in _KINDS or reclen < HEADER_BYTES or pos + reclen > self.capacity or _span(reclen) > avail:
+            raise RingCorrupt(f"a record of kind {kind} and {reclen} bytes at offset {pos} ({avail} bytes published)")
+        return kind, dtype_char, tag, nbytes, fp, pos + HEADER_BYTES, reclen - HEADER_BYTES
+
+    def consume(self, payload_at: int, payload_len: int) -> None:
+        """The record whose payload starts at ``payload_at`` is done: give its space back."""
+        end = payload_at + payload_len
+        self.head += _span(end) - self.head % self.capacity
+        self._words[_HEAD_WORD] = self.head
+
+    def ack(self, slot: int, value: int) -> None:
+        self._words[_ACK_WORD + slot] = value
+
+    def release(self) -> None:
+        self._words.release()
+        self.data.release()
+
+
+__all__ = [
+    "ACK_OK",
+    "ACK_REFUSED",
+    "ACK_SLOTS",
+    "CTRL_BYTES",
+    "HEADER_BYTES",
+    "K_EAGER",
+    "K_FIRST",
+    "K_MORE",
+    "K_RTS",
+    "RTS",
+    "RingCorrupt",
+    "RingReader",
+    "RingWriter",
+    "ring_bytes",
+]

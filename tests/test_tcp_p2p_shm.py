@@ -1,0 +1,319 @@
+"""The tcp backend's shared-memory point-to-point (procgroup_tcp._p2p), with real ranks.
+
+Ranks on one host exchange messages through rings in /dev/shm: small ones inside the
+ring, large ones by a rendezvous copy out of the sender's memory (process_vm_readv) or,
+with PROCGROUP_TCP_SHM_CMA=0 (a kernel that forbids it), streamed through the ring.
+These tests check each path's data, the matcher's rules across shm and socket peers,
+dead and departed peers, mismatches, and that nothing is left in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from procgroup.testing import spawn
+
+EAGER = 32 * 1024  # procgroup_tcp._p2p.EAGER_BYTES (read in the ranks, checked there)
+SIZES = [0, 1, 8, EAGER - 1, EAGER, EAGER + 1, 1 << 20, 64 << 20]
+
+
+def _links() -> dict[int, bool]:
+    """This rank's shared-memory peers (world ranks) -> whether large messages use the rendezvous copy."""
+    import procgroup as pg
+
+    ch: Any = pg.group_channel(pg.group.WORLD)
+    return {ch.ctx.global_rank(r): link.cma for r, link in ch._shm_out.items()}
+
+
+def _pattern(nbytes: int, seed: int) -> np.ndarray:
+    return ((np.arange(nbytes, dtype=np.uint64) * 2654435761 + seed) % 251).astype(np.uint8)
+
+
+# ------------------------------------------------------------------ every size, every path
+def _ring_exchange(rank: int, size: int) -> dict[str, Any]:
+    """Each rank sends every size to the next rank and receives from the previous one."""
+    import procgroup as pg
+    from procgroup_tcp import _p2p
+
+    assert _p2p.EAGER_BYTES == EAGER
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    ok = {}
+    for nbytes in SIZES:
+        out = _pattern(nbytes, rank)
+        into = np.empty(nbytes, dtype=np.uint8)
+        work = pg.irecv(into, prv)
+        pg.send(out, nxt)
+        work.wait()
+        ok[nbytes] = bool(np.array_equal(into, _pattern(nbytes, prv)))
+    # a dtype other than bytes, blocking both ways, and the sender's rank from any source
+    arr = np.full(3000, rank, dtype=np.float64)
+    got = np.empty(3000, dtype=np.float64)
+    if rank == 0:
+        pg.send(arr, 1)
+    elif rank == 1:
+        src = pg.recv(got, None)
+        ok["float64"] = src == 0 and bool((got == 0).all())
+    return {"ok": ok, "links": _links(), "pid": os.getpid(),
+            "leftover": glob.glob(f"/dev/shm/procgroup-p2p-{os.getpid()}-*")}
+
+
+@pytest.mark.parametrize("cma", ["1", "0"])
+def test_every_size_on_both_large_message_paths(cma: str) -> None:
+    results = spawn(_ring_exchange, 3, env={"PROCGROUP_TCP_SHM_CMA": cma}, timeout=30.0)
+    for rank, res in enumerate(results):
+        assert all(res["ok"].values()) and len(res["ok"]) >= len(SIZES), (rank, res["ok"])
+        others = {r for r in range(3) if r != rank}
+        assert set(res["links"]) == others, res["links"]
+        assert all(v == (cma == "1") for v in res["links"].values()), res["links"]
+        assert res["leftover"] == [], res["leftover"]  # unlinked as soon as every peer mapped it
+    for res in results:
+        assert glob.glob(f"/dev/shm/procgroup-p2p-{res['pid']}-*") == []
+
+
+def _which_links(rank: int, size: int) -> dict[int, bool]:
+    return _links()
+
+
+@pytest.mark.parametrize("env", [{"PROCGROUP_TCP_SHM": "0"}, {"PROCGROUP_TCP_SHM_P2P": "0"}])
+def test_switches_keep_point_to_point_on_the_sockets(env: dict[str, str]) -> None:
+    assert spawn(_which_links, 2, env=env) == [{}, {}]
+
+
+# ------------------------------------------------------------------ matching rules
+def _mixed_any_source(rank: int, size: int, url: str) -> dict[str, Any]:
+    """Rank 2 turns shared-memory p2p off: rank 0 hears rank 1 through shm, rank 2 over its socket."""
+    import procgroup as pg
+
+    if rank == 2:
+        os.environ["PROCGROUP_TCP_SHM_P2P"] = "0"
+    pg.init_process_group("tcp", url, rank=rank, world_size=size, timeout=30.0)
+    try:
+        links = _links()
+        per_source = 200
+        if rank == 0:
+            seen: dict[int, list[int]] = {1: [], 2: []}
+            buf = np.empty(2, dtype=np.int64)
+            big = np.empty(EAGER * 2, dtype=np.int64)
+            for _ in range(2 * per_source):
+                src = pg.recv(buf, None, tag=5)
+                assert buf[0] == src, (buf, src)
+                seen[src].append(int(buf[1]))
+            for src in (1, 2):  # a rendezvous-sized message from each, any source
+                who = pg.recv(big, None, tag=6)
+                assert (big == who).all()
+            return {"links": links, "order": {s: v == list(range(per_source)) for s, v in seen.items()}}
+        msgs = [np.array([rank, i], dtype=np.int64) for i in range(per_source)]
+        works = [pg.isend(m, 0, tag=5) for m in msgs]
+        for w in works:
+            w.wait()
+        pg.send(np.full(EAGER * 2, rank, dtype=np.int64), 0, tag=6)
+        return {"links": links}
+    finally:
+        pg.destroy_process_group()
+
+
+def test_any_source_hears_shared_memory_and_socket_peers() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        results = spawn(_mixed_any_source, 3, args=(f"file://{tmp}/rv",), init=False, timeout=30.0)
+    assert results[0]["links"] == {1: True} and results[1]["links"] == {0: True}, results
+    assert results[2]["links"] == {}, results
+    assert results[0]["order"] == {1: True, 2: True}, results[0]
+
+
+def _many_isends(rank: int, size: int) -> dict[str, Any]:
+    """Far more than a ring holds, mixed sizes and two tags, received late and in order."""
+    import procgroup as pg
+
+    sizes = [8, 100, EAGER, EAGER + 8, 300_000, 16]
+    count = 600
+    if rank == 0:
+        arrays = [np.full(sizes[i % len(sizes)] // 8, i, dtype=np.int64) for i in range(count)]
+        works = [pg.isend(a, 1, tag=i % 2) for i, a in enumerate(arrays)]
+        for w in works:
+            w.wait()
+        return {"sent": count}
+    time.sleep(0.3)  # the ring fills: later sends queue behind it
+    bad = []
+    # tag 1 first: every tag-0 message before it waits in the unexpected queue
+    for tag in (1, 0):
+        for i in range(tag, count, 2):
+            buf = np.empty(sizes[i % len(sizes)] // 8, dtype=np.int64)
+            pg.recv(buf, 0, tag=tag)
+            if not (buf == i).all():
+                bad.append(i)
+    return {"bad": bad}
+
+
+def test_order_is_kept_under_many_isends() -> None:
+    results = spawn(_many_isends, 2, timeout=30.0)
+    assert results[0] == {"sent": 600} and results[1] == {"bad": []}, results
+
+
+def _crossing_sends(rank: int, size: int) -> dict[str, bool]:
+    """Both ranks send large messages first (nobody has posted a receive), then receive."""
+    import procgroup as pg
+
+    peer = 1 - rank
+    out = {}
+    for nbytes in (EAGER * 4, 8 << 20):
+        pg.send(_pattern(nbytes, rank), peer)
+        into = np.empty(nbytes, dtype=np.uint8)
+        pg.recv(into, peer)
+        out[f"crossing {nbytes}"] = bool(np.array_equal(into, _pattern(nbytes, peer)))
+    # a rank in a collective still takes in what a same-host peer sends it
+    big = _pattern(4 << 20, 7)
+    if rank == 0:
+        pg.send(big, 1)
+        pg.barrier()
+    else:
+        pg.barrier()
+        into = np.empty_like(big)
+        pg.recv(into, 0)
+        out["send before barrier"] = bool(np.array_equal(into, big))
+    return out
+
+
+@pytest.mark.parametrize("cma", ["1", "0"])
+def test_sends_that_cross_never_deadlock(cma: str) -> None:
+    for res in spawn(_crossing_sends, 2, env={"PROCGROUP_TCP_SHM_CMA": cma}, timeout=30.0):
+        assert res and all(res.values()), res
+
+
+# ------------------------------------------------------------------ errors
+def _size_errors(rank: int, size: int) -> dict[str, Any]:
+    import procgroup as pg
+    from procgroup.errors import InvalidArrayError, MismatchError, PeerError
+
+    out: dict[str, Any] = {}
+    for nbytes in (64, EAGER * 4):
+        if rank == 0:
+            pg.send(np.zeros(nbytes, dtype=np.uint8), 1)  # into a smaller buffer
+            pg.send(np.zeros(nbytes // 2, dtype=np.uint8), 1)  # into a larger one
+            pg.send(np.zeros(nbytes // 4, dtype=np.float32), 1)  # same size, another dtype
+        else:
+            for name, buf, exc_type in (("larger", np.empty(nbytes // 2, np.uint8), PeerError),
+                                        ("smaller", np.empty(nbytes, np.uint8), InvalidArrayError),
+                                        ("dtype", np.empty(nbytes, np.uint8), InvalidArrayError)):
+                try:
+                    pg.recv(buf, 0)
+                    out[f"{name} {nbytes}"] = "no error"
+                except exc_type as exc:
+                    out[f"{name} {nbytes}"] = "rank 0" in str(exc)
+    # a collective on a sub-group runs over p2p under its fingerprint: sizes that differ
+    sub = pg.new_group([0, 1])
+    for count in (4 + rank, 20_000 + rank):
+        try:
+            pg.all_reduce(np.ones(count, dtype=np.float32), group=sub)
+            out[f"mismatch {count - rank}"] = "no error"
+        except MismatchError as exc:
+            out[f"mismatch {count - rank}"] = "rank 0" in str(exc) and "rank 1" in str(exc)
+    arr = np.ones(4)
+    pg.all_reduce(arr, group=sub)  # still usable
+    out["after"] = float(arr[0]) == 2.0
+    pg.barrier()
+    return out
+
+
+def test_size_dtype_and_fingerprint_mismatches_on_shared_memory() -> None:
+    results = spawn(_size_errors, 2, timeout=20.0)
+    assert all(v is True for v in results[1].values()) and len(results[1]) == 9, results[1]
+    assert all(v is True for v in results[0].values()) and len(results[0]) == 3, results[0]
+
+
+def _die_while_peer_waits(rank: int, size: int, nbytes: int) -> dict[str, Any]:
+    """Rank 2 dies; rank 0 waits in a recv from it, rank 1 in a large send to it."""
+    import procgroup as pg
+    from procgroup.errors import ProcGroupError
+
+    assert _links() == {r: True for r in range(size) if r != rank}
+    pg.barrier()
+    if rank == 2:
+        time.sleep(0.3)
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            pg.recv(np.empty(nbytes, dtype=np.uint8), 2)
+        else:
+            pg.send(np.zeros(64 << 20, dtype=np.uint8), 2)
+        return {"error": None}
+    except ProcGroupError as exc:
+        return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start,
+                "pid": os.getpid()}
+
+
+@pytest.mark.parametrize("nbytes", [8, 64 << 20])
+def test_peer_death_during_a_shared_memory_wait_is_a_peer_error(nbytes: int) -> None:
+    results = spawn(_die_while_peer_waits, 3, args=(nbytes,), timeout=15.0, expect_dead=[2], job_timeout=60.0)
+    for res in results[:2]:
+        assert res["error"] == "PeerError" and "rank 2" in res["message"], res
+        assert res["seconds"] < 15.0, res  # promptly: the socket saw it, not the timeout
+        assert glob.glob(f"/dev/shm/procgroup-p2p-{res['pid']}-*") == []
+
+
+def _leave_after_sending(rank: int, size: int) -> dict[str, Any]:
+    """Rank 1 sends, then leaves at once: what it sent still arrives, then it is gone."""
+    import procgroup as pg
+    from procgroup.errors import PeerError
+
+    if rank == 1:
+        pg.send(np.arange(10, dtype=np.int32), 0)
+        pg.isend(np.arange(5, dtype=np.int32), 0).wait()
+        pg.destroy_process_group()  # the runner's own destroy is then a no-op
+        return {}
+    time.sleep(0.5)  # rank 1 is gone by now
+    a, b = np.empty(10, dtype=np.int32), np.empty(5, dtype=np.int32)
+    pg.recv(a, 1)
+    pg.recv(b, 1)
+    try:
+        pg.recv(b, 1)
+        left = "no error"
+    except PeerError as exc:
+        left = "has left" in str(exc)
+    return {"data": bool((a == np.arange(10)).all() and (b == np.arange(5)).all()), "left": left}
+
+
+def test_a_departed_peer_s_last_messages_still_arrive() -> None:
+    results = spawn(_leave_after_sending, 2, timeout=15.0)
+    assert results[0] == {"data": True, "left": True}, results
+
+
+# ------------------------------------------------------------------ threads
+def _threads(rank: int, size: int) -> bool:
+    """Several threads send and receive on distinct tags at once (progress is shared)."""
+    import procgroup as pg
+
+    peer = 1 - rank
+    errors: list[BaseException] = []
+
+    def worker(tag: int) -> None:
+        try:
+            for i in range(50):
+                n = (8, EAGER * 3, 1000)[i % 3]
+                out = np.full(n, tag * 1000 + i, dtype=np.int64)
+                into = np.empty(n, dtype=np.int64)
+                w = pg.irecv(into, peer, tag=tag)
+                pg.send(out, peer, tag=tag)
+                w.wait()
+                assert (into == tag * 1000 + i).all()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return not errors and not any(t.is_alive() for t in threads)
+
+
+def test_threads_share_the_progress() -> None:
+    assert spawn(_threads, 2, timeout=30.0) == [True, True]
