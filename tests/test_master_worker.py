@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from procgroup.plugins import get_backend_spec
 from procgroup.testing._spawn import free_port, mpiexec_command
 
 HERE = Path(__file__).parent
@@ -111,8 +112,9 @@ def test_mpi(mpi_job: dict[str, str | None], check: str) -> None:
 
 @pytest.fixture(scope="module")
 def gloo_job() -> dict[str, str | None]:
-    if importlib.util.find_spec("pygloo") is None:
-        pytest.skip("pygloo has wheels only for CPython 3.8-3.10")
+    why = get_backend_spec("gloo").unavailable()  # pygloo or torch's gloo
+    if why:
+        pytest.skip(f"the gloo backend is not available here: {why}")
     ranks = launch(CHECKS, 3, SMALL_CHECKS, env={"MW_BACKEND": "gloo"})
     _assert_clean(ranks)
     return results_of(ranks[0][1], ranks[0][2])
