@@ -63,12 +63,13 @@ _SCRATCH_LIMIT = 16 * 2**20
 
 
 def open_side_channel(ctx: ChannelContext, *, holds_gil: bool = True) -> DataChannel:
-    """The host p2p channel of the best installed side-channel backend, shared memory off
-    (it carries point-to-point and fallbacks only). ``holds_gil``: the engine keeps the
+    """The host p2p channel of the best installed side-channel backend, without a
+    collective arena (it carries point-to-point and fallbacks only; on one host that
+    point-to-point still goes through shared memory). ``holds_gil``: the engine keeps the
     GIL through a gloo call (pygloo; torch releases it)."""
     if ctx.open_side_channel is None:
         raise BackendNotFoundError("backend 'gloo' needs a host side channel, and this context offers none")
-    options = {**ctx.options, "shm": False}
+    options = {**ctx.options, "arena": False}
     # a rank blocked in a pygloo call holds its GIL, so its heartbeats stop: the side
     # channel waits longer than gloo's own timeout before it counts such a rank dead
     beat, _ = setting("heartbeat_timeout", "PROCGROUP_HEARTBEAT_TIMEOUT", "10", ctx.options)

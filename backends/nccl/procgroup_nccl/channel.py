@@ -100,7 +100,7 @@ class NcclChannel(DataChannel):
         wanted = ctx.options.get("control_plane", True)
         if ctx.size == 1 or ctx.open_side_channel is None or wanted in (False, 0, "0", "false", "off"):
             return None
-        side = ctx.open_side_channel(dataclasses.replace(ctx, options={**ctx.options, "shm": False}))
+        side = ctx.open_side_channel(dataclasses.replace(ctx, options={**ctx.options, "arena": False}))
         side.carry_control(self, {r: r for r in range(ctx.size)})
         return side
 

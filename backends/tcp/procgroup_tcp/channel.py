@@ -95,9 +95,11 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         try:
             for peer in self._peers.values():
                 peer.start_reader()
-            # option shm=False: a channel whose collectives never run here (a side channel)
+            # option arena=False: a channel whose collectives never run here (a side channel:
+            # its point-to-point still takes shared memory); shm=False: no shared memory at all
             wanted = ctx.options.get("shm")
-            if (wanted is None or wanted) and all_on_one_host(ctx):
+            arena = ctx.options.get("arena")
+            if (wanted is None or wanted) and (arena is None or arena) and all_on_one_host(ctx):
                 # None: /dev/shm refused, sockets it is
                 self._shm = SharedMemoryArena.open(ctx, self._check_and_progress, self._has_left, self.fail)
             self._p2p = open_p2p(ctx, self._peers, self._matcher, self.check_usable, self._has_left,
