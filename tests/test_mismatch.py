@@ -303,6 +303,9 @@ def _send_only_cases(rank: int, odd: int) -> list[tuple[str, Any]]:
                                                     if rank == 0 else None, dst=0)),
         # two ranks both think they are the root: on 2 ranks nobody receives at all
         ("both_roots_send", lambda: pg.broadcast(np.ones(4, np.float32), odd if me else 0)),
+        # one rank calls a collective the others skip: its k-th collective meets their k-th
+        # (the same tag), here one that only sends against a barrier
+        ("extra_collective", lambda: pg.broadcast(np.ones(4, np.float32), odd) if me else pg.barrier()),
     ]
 
 
