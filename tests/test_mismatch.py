@@ -336,6 +336,22 @@ def _socket_gaps(rank: int, size: int) -> dict[str, Any]:
         ok = np.full(3, rank + 1.0)
         pg.all_reduce(ok)
         out[name] = {"errors": errors, "probes_ok": probes_ok, "after": float(ok[0])}
+    # a group of a group: its root only sends too (the sub-channels share one record)
+    sub = pg.new_group([0, odd])
+    if rank in (0, odd):
+        errors = []
+        for step in ("op", "probe1", "probe2"):
+            try:
+                if step == "op":
+                    pg.broadcast(np.ones(8 if rank == odd else 4), 0, group=sub)
+                else:
+                    pg.all_to_all([np.zeros(1), np.zeros(1)], [np.ones(1), np.ones(1)], group=sub)
+            except MismatchError as exc:
+                errors.append((step, str(exc), list(exc.ranks)))
+        x = np.ones(2)
+        pg.all_reduce(x, group=sub)
+        out["group"] = {"errors": errors, "after": float(x[0])}
+    pg.barrier()
     return out
 
 
@@ -356,6 +372,11 @@ def test_tcp_socket_path_send_only_ranks_raise(size: int) -> None:
             if step != "op":
                 assert "an earlier collective" in msg, (rank, name, msg)
             assert got["probes_ok"] and got["after"] == total, (rank, name, got)
+        if rank in (0, odd):
+            errors = out["group"]["errors"]
+            assert len(errors) == 1 and errors[0][2] == [0, odd], (rank, out["group"])
+            assert "32 bytes" in errors[0][1] and "64 bytes" in errors[0][1], (rank, out["group"])
+            assert out["group"]["after"] == 2.0, (rank, out["group"])
         sizes = out["broadcast_root_sends"]["errors"][0][1]
         assert "16 bytes" in sizes and "32 bytes" in sizes, sizes
         roots = out["both_roots_send"]["errors"][0][1]
