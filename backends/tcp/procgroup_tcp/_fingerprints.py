@@ -60,11 +60,12 @@ class Ledger:
     def finished(self, tag: int, fp: bytes, group_id: int) -> BaseException | None:
         """The collective of ``tag`` ended well here: the error it must raise after all, if any."""
         done = self.done
-        done[tag] = (fp, group_id)  # recorded before it leaves ``active``: a frame sees one of them
-        if len(done) > DONE_TAGS:
-            old = next(iter(done))
-            del done[old]
-            self._reported.discard(old)
+        with self._lock:  # collectives of several groups may end at once (async ones on their thread)
+            done[tag] = (fp, group_id)  # recorded before it leaves ``active``: a frame sees one of them
+            if len(done) > DONE_TAGS:
+                old = next(iter(done))
+                del done[old]
+                self._reported.discard(old)
         self.active.pop(tag, None)
         own = self.check_end(tag, fp)
         with self._lock:
