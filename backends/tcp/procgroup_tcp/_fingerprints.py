@@ -19,6 +19,7 @@ own result is complete by then (so the ranks stay in step).
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,7 @@ class Ledger:
     def __init__(self) -> None:
         self.active: dict[int, bytes] = {}
         self.done: dict[int, tuple[bytes, int]] = {}
+        self._order: deque[int] = deque()  # ``done``'s tags, oldest first
         self.check_end: Callable[[int, bytes], BaseException | None] = _no_check
         self._late: dict[int, tuple[int, BaseException, bytes]] = {}
         self._reported: set[int] = set()
@@ -59,15 +61,22 @@ class Ledger:
 
     def finished(self, tag: int, fp: bytes, group_id: int) -> BaseException | None:
         """The collective of ``tag`` ended well here: the error it must raise after all, if any."""
-        done = self.done
-        with self._lock:  # collectives of several groups may end at once (async ones on their thread)
-            done[tag] = (fp, group_id)  # recorded before it leaves ``active``: a frame sees one of them
-            if len(done) > DONE_TAGS:
-                old = next(iter(done))
-                del done[old]
+        # single dict and deque operations: collectives of several groups may end at once
+        self.done[tag] = (fp, group_id)  # recorded before it leaves ``active``: a frame sees one of them
+        order = self._order
+        order.append(tag)
+        if len(order) > DONE_TAGS:
+            try:
+                old = order.popleft()
+            except IndexError:
+                pass
+            else:
+                self.done.pop(old, None)
                 self._reported.discard(old)
         self.active.pop(tag, None)
         own = self.check_end(tag, fp)
+        if own is None and not self._late:
+            return None
         with self._lock:
             if own is not None and tag not in self._reported:
                 self._reported.add(tag)

@@ -268,6 +268,8 @@ class Matcher:
 
     def queued(self, tag: int) -> Unexpected | None:
         """The first frame still queued under ``tag`` (its collective has ended), or None."""
+        if not self._unexpected:  # the common case; a frame queued meanwhile is checked as it lands
+            return None
         with self._lock:
             for ux in self._unexpected:
                 if ux.tag == tag:

@@ -179,10 +179,11 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     def _collective_ended(self, tag: int, fp: bytes) -> BaseException | None:
         """The collective of ``tag`` ended here: a frame of another op still queued under its
         tag is a mismatch, and so is a mismatch found (or told) while it ran."""
-        ux = self._matcher.queued(tag)
+        matcher = self._matcher
+        ux = matcher.queued(tag)
         if ux is not None and ux.fp != fp:
             self._mismatched(tag, fp, ux.fp, ux)
-        return self._matcher.dead_error(tag)
+        return matcher.dead_error(tag) if matcher.dead else None
 
     def _mismatched(self, tag: int, mine: bytes, theirs: bytes, src: int | Unexpected) -> BaseException:
         """This rank found the collective of ``tag`` disagrees: fail it here, tell every peer."""
