@@ -5,6 +5,10 @@ before the collective: op vs op, size, dtype, root and reduce op mismatches beco
 MismatchError on every rank, naming both ranks and both sides, and the group goes on.
 Without DETAIL nothing is checked (the hang or abort that follows is not tested). Also:
 object collectives refuse sizes a peer announces that are negative or over the limit.
+
+tcp's socket path (PROCGROUP_TCP_SHM=0) checks the fingerprints its frames carry; the
+gaps it used to have are rows here: a rank whose part only sends (a broadcast root, a
+reduce leaf, gather's non-roots), and a root disagreement in which every rank only sends.
 """
 
 from __future__ import annotations
@@ -290,3 +294,104 @@ def test_object_collectives_refuse_forged_sizes() -> None:
             assert msg.startswith("PeerError") and "rank 1" in msg and str(forged) in msg, msg
         assert out[f"after/{forged}"] == "2.0"
     assert out["honest"] == repr([{"rank": 0}, {"rank": 1}])
+
+
+# ------------------------------------------------------------------ tcp socket path
+SOCKETS = {"PROCGROUP_TCP_SHM": "0"}
+
+
+def _send_only_cases(rank: int, odd: int) -> list[tuple[str, Any]]:
+    """Disagreements some ranks of which only send (``odd`` does something else)."""
+    import procgroup as pg
+
+    me = rank == odd
+    n = 8 if me else 4
+    size = odd + 1
+    return [
+        # the root only sends: only the receivers see the disagreement
+        ("broadcast_root_sends", lambda: pg.broadcast(np.ones(n, np.float32), 0)),
+        # the leaves of reduce only send
+        ("reduce_leaves_send", lambda: pg.reduce(np.ones(n, np.float32), 0)),
+        # gather's non-roots only send
+        ("gather_non_roots_send", lambda: pg.gather(np.ones(n), [np.zeros(n) for _ in range(size)]
+                                                    if rank == 0 else None, dst=0)),
+        # two ranks both think they are the root: on 2 ranks nobody receives at all
+        ("both_roots_send", lambda: pg.broadcast(np.ones(4, np.float32), odd if me else 0)),
+        # one rank calls a collective the others skip: its k-th collective meets their k-th
+        # (the same tag), here one that only sends against a barrier
+        ("extra_collective", lambda: pg.broadcast(np.ones(4, np.float32), odd) if me else pg.barrier()),
+    ]
+
+
+def _socket_gaps(rank: int, size: int) -> dict[str, Any]:
+    """Each case, then two all_to_all probes (a rank whose part only sent learns of the
+    disagreement by the end of its next collective that hears from the rank that found
+    it), then an exact all_reduce: the group must still be usable."""
+    import procgroup as pg
+    from procgroup.errors import MismatchError
+
+    odd = size - 1
+    out: dict[str, Any] = {}
+    for name, call in _send_only_cases(rank, odd):
+        errors: list[tuple[str, str, list[int]]] = []
+        probes_ok = True
+        for step in ("op", "probe1", "probe2"):
+            inputs = [np.full(2, rank * 10.0 + j) for j in range(size)]
+            outputs = [np.zeros(2) for _ in range(size)]
+            try:
+                if step == "op":
+                    call()
+                else:
+                    pg.all_to_all(outputs, inputs)
+            except MismatchError as exc:
+                errors.append((step, str(exc), list(exc.ranks)))
+            if step != "op":  # a probe that raises for an earlier collective has still run
+                probes_ok &= all(float(outputs[j][0]) == j * 10.0 + rank for j in range(size))
+        ok = np.full(3, rank + 1.0)
+        pg.all_reduce(ok)
+        out[name] = {"errors": errors, "probes_ok": probes_ok, "after": float(ok[0])}
+    # a group of a group: its root only sends too (the sub-channels share one record)
+    sub = pg.new_group([0, odd])
+    if rank in (0, odd):
+        errors = []
+        for step in ("op", "probe1", "probe2"):
+            try:
+                if step == "op":
+                    pg.broadcast(np.ones(8 if rank == odd else 4), 0, group=sub)
+                else:
+                    pg.all_to_all([np.zeros(1), np.zeros(1)], [np.ones(1), np.ones(1)], group=sub)
+            except MismatchError as exc:
+                errors.append((step, str(exc), list(exc.ranks)))
+        x = np.ones(2)
+        pg.all_reduce(x, group=sub)
+        out["group"] = {"errors": errors, "after": float(x[0])}
+    pg.barrier()
+    return out
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_tcp_socket_path_send_only_ranks_raise(size: int) -> None:
+    # the op timeout is beyond the job timeout: a hang fails the job, never a CommTimeoutError
+    results = spawn(_socket_gaps, size, "tcp", env=SOCKETS, timeout=600, job_timeout=200)
+    odd = size - 1
+    total = size * (size + 1) / 2
+    for rank, out in enumerate(results):
+        for name, _ in _send_only_cases(0, odd):
+            got = out[name]
+            errors = got["errors"]
+            assert len(errors) == 1, (rank, name, got)  # every rank, exactly once
+            step, msg, ranks = errors[0]
+            assert odd in ranks and len(ranks) == 2, (rank, name, got)
+            assert f"rank {ranks[0]} called" in msg and f"rank {ranks[1]} called" in msg, (rank, name, msg)
+            if step != "op":
+                assert "an earlier collective" in msg, (rank, name, msg)
+            assert got["probes_ok"] and got["after"] == total, (rank, name, got)
+        if rank in (0, odd):
+            errors = out["group"]["errors"]
+            assert len(errors) == 1 and errors[0][2] == [0, odd], (rank, out["group"])
+            assert "32 bytes" in errors[0][1] and "64 bytes" in errors[0][1], (rank, out["group"])
+            assert out["group"]["after"] == 2.0, (rank, out["group"])
+        sizes = out["broadcast_root_sends"]["errors"][0][1]
+        assert "16 bytes" in sizes and "32 bytes" in sizes, sizes
+        roots = out["both_roots_send"]["errors"][0][1]
+        assert "root 0" in roots and f"root {odd}" in roots, roots

@@ -277,8 +277,8 @@ _CASES = {
     "op vs broadcast": (lambda pg, r: pg.all_reduce(np.ones(4, np.float32)),
                         lambda pg, r: pg.broadcast(np.ones(4, np.float32), src=1)),
 }
-#: over the sockets a root disagreement in which no rank sends cannot be seen (docs/backends/tcp.md)
-_SOCKET_CASES = ["op", "small vs large", "0 vs non-0", "dtype", "reduce op", "op vs broadcast"]
+#: over the sockets a rank whose part only sends raises at its next collective (docs/backends/tcp.md)
+_SOCKET_CASES = ["op", "small vs large", "0 vs non-0", "dtype", "reduce op", "op vs broadcast", "root"]
 
 
 def _mismatch_matrix(rank: int, size: int, names: list[str]) -> dict[str, Any]:
@@ -295,6 +295,11 @@ def _mismatch_matrix(rank: int, size: int, names: list[str]) -> dict[str, Any]:
         except ProcGroupError as exc:
             out[name] = (type(exc).__name__, str(exc), time.monotonic() - start)
         arr = np.ones(4)
+        try:
+            pg.all_reduce(arr)  # a rank whose part only sent learns of the mismatch here
+        except MismatchError as exc:
+            out[name + "/late"] = str(exc)
+        arr = np.ones(4)
         pg.all_reduce(arr)  # the group stays usable
         out[name + "/after"] = float(arr[0])
     return out
@@ -306,9 +311,10 @@ def test_mismatch_matrix(shm: str) -> None:
     results = spawn(_mismatch_matrix, 2, args=(names,), timeout=20.0, env={"PROCGROUP_TCP_SHM": shm})
     for rank, out in enumerate(results):
         for name in names:
-            if shm == "0" and name == "op vs broadcast" and rank == 1:
-                continue  # the root only sends over the sockets: it cannot see the other side
             kind, msg, *seconds = out[name]
+            assert kind == "ok" or name + "/late" not in out, (rank, name, out)  # raised once
+            if kind == "ok" and shm == "0" and name + "/late" in out:  # its part only sent
+                kind, msg, seconds = "MismatchError", out[name + "/late"], [0.0]
             assert kind == "MismatchError", (rank, name, out[name])
             assert "rank 0" in msg and "rank 1" in msg, (rank, name, msg)
             assert seconds[0] < 5.0, (rank, name, seconds)

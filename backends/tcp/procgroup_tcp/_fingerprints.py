@@ -8,20 +8,100 @@ arrives, or when a receive takes it off the unexpected queue), so ranks that
 disagree get a MismatchError, never wrong data. A 0-byte collective, which the
 algorithms would skip, runs a barrier under its fingerprint instead, so a 0-byte vs
 non-0 disagreement is found too.
+
+A rank whose part of a collective only sends returns before a disagreeing frame or a
+peer's mismatch notice can reach it. The :class:`Ledger` (one per transport) keeps the
+recently finished collectives, so a frame or notice for one of them is still a
+mismatch: it is raised at the end of this rank's next collective on that group, whose
+own result is complete by then (so the ranks stay in step).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from procgroup.algorithms import direct
 from procgroup.backend import Fingerprint
+from procgroup.errors import MismatchError
 from procgroup.ops import ReduceOp
 
-__all__ = ["Fingerprinted"]
+__all__ = ["DONE_TAGS", "Fingerprinted", "Ledger"]
 
 NO_ROOT = -1  # procgroup.backend.Fingerprint's "no root"
+#: how many finished collectives a transport remembers (a frame for one of them is a mismatch)
+DONE_TAGS = 256
+
+
+def _no_check(tag: int, fp: bytes) -> BaseException | None:
+    return None
+
+
+class Ledger:
+    """The collectives of one transport (its root channel and every sub-channel).
+
+    ``active``: tag -> fingerprint of each running collective (what the receive path
+    compares). ``done``: tag -> (fingerprint, group id) of the last ``DONE_TAGS`` that
+    finished without error. A mismatch of a finished collective waits in ``late`` (per
+    group) until the group's next collective ends; each is raised once (``_reported``).
+    ``check_end(tag, fp)``, set by the root channel, runs as a collective ends: frames
+    still queued under its tag, and the error of a tag found mismatched meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self.active: dict[int, bytes] = {}
+        self.done: dict[int, tuple[bytes, int]] = {}
+        self._order: deque[int] = deque()  # ``done``'s tags, oldest first
+        self.check_end: Callable[[int, bytes], BaseException | None] = _no_check
+        self._late: dict[int, tuple[int, BaseException, bytes]] = {}
+        self._reported: set[int] = set()
+        self._lock = threading.Lock()
+
+    def finished(self, tag: int, fp: bytes, group_id: int) -> BaseException | None:
+        """The collective of ``tag`` ended well here: the error it must raise after all, if any."""
+        # single dict and deque operations: collectives of several groups may end at once
+        self.done[tag] = (fp, group_id)  # recorded before it leaves ``active``: a frame sees one of them
+        order = self._order
+        order.append(tag)
+        if len(order) > DONE_TAGS:
+            try:
+                old = order.popleft()
+            except IndexError:
+                pass
+            else:
+                self.done.pop(old, None)
+                self._reported.discard(old)
+        self.active.pop(tag, None)
+        own = self.check_end(tag, fp)
+        if own is None and not self._late:
+            return None
+        with self._lock:
+            if own is not None and tag not in self._reported:
+                self._reported.add(tag)
+                return own
+            late = self._late.pop(group_id, None)
+        if late is None:
+            return None
+        return late[1] if late[0] == tag else _earlier(late[1], late[2])
+
+    def mark_late(self, tag: int, exc: BaseException) -> None:
+        """A mismatch of ``tag`` was found (a frame or a peer's notice): when this rank's part
+        already ended, keep it for the group's next collective."""
+        with self._lock:
+            entry = self.done.get(tag)
+            if entry is None or tag in self._reported:
+                return
+            self._reported.add(tag)
+            self._late.setdefault(entry[1], (tag, exc, entry[0]))
+
+
+def _earlier(exc: BaseException, fp: bytes) -> BaseException:
+    """The error a collective raises for an earlier one of its group that disagreed."""
+    ranks = getattr(exc, "ranks", ())
+    return MismatchError(f"an earlier collective of this group ({Fingerprint.unpack(fp).describe()}) "
+                         f"disagreed, found after this rank's part of it had returned: {exc}", ranks=ranks)
 
 
 class Fingerprinted:
@@ -31,13 +111,15 @@ class Fingerprinted:
     #: the frames carry fingerprints: PROCGROUP_DEBUG=DETAIL needs no exchange of its own
     checks_agreement = True
     _fps: dict[int, bytes]
+    _ledger: Ledger
     _fp_seq: int = 0
     _pending_fp: bytes | None = None
     _active_tag: int = -1
     _fp_cache: dict[tuple[Any, ...], bytes]
 
-    def _init_fingerprints(self, registry: dict[int, bytes]) -> None:
-        self._fps = registry
+    def _init_fingerprints(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._fps = ledger.active
         self._fp_cache = {}
 
     def _fingerprint(self, op: str, array: Any, root: int, reduce_op: ReduceOp | None) -> bytes:
@@ -66,13 +148,22 @@ class Fingerprinted:
 
     def _fingerprinted(self, op: str, array: Any, fn: Callable[..., None], *args: Any,
                        root: int = NO_ROOT, reduce_op: ReduceOp | None = None) -> None:
-        """Run ``fn(*args)`` (a collective over the sockets) under its fingerprint."""
-        self._pending_fp = self._fingerprint(op, array, root, reduce_op)
+        """Run ``fn(*args)`` (a collective over the sockets) under its fingerprint; raise
+        the mismatch found as it ends, or one of an earlier collective of this group."""
+        fp = self._pending_fp = self._fingerprint(op, array, root, reduce_op)
+        self._active_tag = -1
         try:
             if self.size > 1 and (array is None or array.nbytes == 0):  # type: ignore[attr-defined]
                 direct.barrier(self, self.next_collective_tag())  # type: ignore[arg-type]
             else:
                 fn(*args)
+        except BaseException:
+            self._fps.pop(self._active_tag, None)  # a failed collective is not remembered
+            raise
         finally:
             self._pending_fp = None
-            self._fps.pop(self._active_tag, None)
+        tag = self._active_tag
+        if tag >= 0:
+            exc = self._ledger.finished(tag, fp, self.ctx.group_id)  # type: ignore[attr-defined]
+            if exc is not None:
+                raise exc

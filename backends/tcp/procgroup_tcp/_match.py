@@ -266,6 +266,21 @@ class Matcher:
             req.fail(fresh(exc))
         return True
 
+    def queued(self, tag: int) -> Unexpected | None:
+        """The first frame still queued under ``tag`` (its collective has ended), or None."""
+        if not self._unexpected:  # the common case; a frame queued meanwhile is checked as it lands
+            return None
+        with self._lock:
+            for ux in self._unexpected:
+                if ux.tag == tag:
+                    return ux
+        return None
+
+    def dead_error(self, tag: int) -> BaseException | None:
+        """The MismatchError ``tag`` was poisoned with, or None."""
+        entry = self.dead.get(tag)
+        return None if entry is None else fresh(entry[0])
+
     def fail_from(self, src: int, exc: BaseException) -> None:
         """Fail the receives that wait on ``src`` alone (it said goodbye)."""
         with self._lock:

@@ -48,7 +48,7 @@ from procgroup.ops import ReduceOp
 
 from ._collectives import Plan
 from ._conn import Peer, PeerEvents, connect_mesh, left_error
-from ._fingerprints import Fingerprinted
+from ._fingerprints import Fingerprinted, Ledger
 from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._p2p import OutLink, ShmP2P, open_p2p
@@ -78,7 +78,8 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
 
     def __init__(self, ctx: ChannelContext) -> None:
         super().__init__(ctx)
-        self._init_fingerprints({})
+        self._init_fingerprints(Ledger())
+        self._ledger.check_end = self._collective_ended
         self._peers: dict[int, Peer] = {}
         self._shm: SharedMemoryArena | None = None
         self._broken_shm: SharedMemoryArena | None = None  # the arena of a broken channel, unused
@@ -153,10 +154,38 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes,
                        fp: bytes) -> PostedRecv | Unexpected | Discard:
         expected = self._fps.get(tag)
-        if expected is not None and fp != expected:
-            self._mismatched(tag, expected, fp, src)
+        if expected is not None:
+            if fp != expected:
+                self._mismatched(tag, expected, fp, src)
+                return DISCARD
+            return self._matcher.match_incoming(src, tag, nbytes, dtype_char, fp)
+        if self._ledger.done and self._late_frame(src, tag, fp):
             return DISCARD
-        return self._matcher.match_incoming(src, tag, nbytes, dtype_char, fp)
+        found = self._matcher.match_incoming(src, tag, nbytes, dtype_char, fp)
+        # its collective may have ended between the look-up above and the queueing
+        if isinstance(found, Unexpected) and self._ledger.done:
+            self._late_frame(src, tag, fp)
+        return found
+
+    # ---------------------------------------------------------------- mismatches found late
+    # A rank whose part of a collective only sends cannot see a disagreement before it
+    # returns; these find it afterwards (see ``_fingerprints.Ledger``).
+    def _late_frame(self, src: int, tag: int, fp: bytes) -> bool:
+        """A frame for a collective this rank already finished, of another op: a mismatch."""
+        entry = self._ledger.done.get(tag)
+        if entry is None or entry[0] == fp or tag in self._matcher.dead:
+            return False
+        self._ledger.mark_late(tag, self._mismatched(tag, entry[0], fp, src))
+        return True
+
+    def _collective_ended(self, tag: int, fp: bytes) -> BaseException | None:
+        """The collective of ``tag`` ended here: a frame of another op still queued under its
+        tag is a mismatch, and so is a mismatch found (or told) while it ran."""
+        matcher = self._matcher
+        ux = matcher.queued(tag)
+        if ux is not None and ux.fp != fp:
+            self._mismatched(tag, fp, ux.fp, ux)
+        return matcher.dead_error(tag) if matcher.dead else None
 
     def _mismatched(self, tag: int, mine: bytes, theirs: bytes, src: int | Unexpected) -> BaseException:
         """This rank found the collective of ``tag`` disagrees: fail it here, tell every peer."""
@@ -174,7 +203,9 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     def mismatch_notice(self, peer: Peer, tag: int, notice: bytes) -> None:
         """A peer found the collective of ``tag`` disagrees: it fails here too."""
         detector, sender, mine, theirs = NOTICE.unpack(notice)
-        self._matcher.poison(tag, mismatch(Fingerprint.unpack(mine), Fingerprint.unpack(theirs), detector, sender))
+        exc = mismatch(Fingerprint.unpack(mine), Fingerprint.unpack(theirs), detector, sender)
+        self._matcher.poison(tag, exc)
+        self._ledger.mark_late(tag, exc)  # when this rank's part has already returned
 
     def peer_left(self, peer: Peer) -> None:
         """A goodbye: fail the receives that wait on that peer alone (after taking in what it
@@ -394,7 +425,7 @@ class TcpSubChannel(Fingerprinted, SubChannel):
 
     def __init__(self, parent: DataChannel, ranks: Sequence[int], ctx: ChannelContext) -> None:
         super().__init__(parent, ranks, ctx)
-        self._init_fingerprints(parent._fps)  # type: ignore[attr-defined]
+        self._init_fingerprints(parent._ledger)  # type: ignore[attr-defined]
         self._plan = Plan()
 
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
