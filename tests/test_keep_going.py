@@ -48,7 +48,9 @@ def test_sgd_survives_a_killed_rank_with_the_loss_of_a_smaller_run() -> None:
 
 
 def test_without_keep_going_a_failure_stops_every_rank() -> None:
-    out = launch("--nproc-per-node", "3", str(EXAMPLE), "--kill-rank", "1", "--kill-step", "5")
+    # the survivors would train for hours: only the launcher stopping them ends the job
+    out = launch("--nproc-per-node", "3", str(EXAMPLE), "--kill-rank", "1", "--kill-step", "5",
+                 "--steps", "100000000")
     assert out.returncode != 0
     assert "final loss" not in out.stdout  # the survivors were stopped, nobody finished
     assert "root cause: rank 1" in out.stderr, out.stderr
