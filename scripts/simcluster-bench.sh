@@ -4,11 +4,11 @@
 #
 #   sudo scripts/simcluster-bench.sh [OUTDIR]          # default OUTDIR: simcluster-bench-out
 #
-# Needs root (network namespaces), /dev/net/tun, iproute2 and .venv-bench (CPython 3.11
-# with torch 2.13: scripts/setup-bench-venv.sh). It measures this checkout (PYTHONPATH
+# Needs root (network namespaces), /dev/net/tun, iproute2 and a venv with torch: .venv313
+# (torch 2.15, scripts/setup-dev.sh) or .venv-bench (torch 2.13, scripts/setup-bench-venv.sh). It measures this checkout (PYTHONPATH
 # points at its core/ and backends/). Environment overrides, with their defaults:
 #   HOSTS="4 8"  RATE=1gbit  DELAY=0.1ms  OPS=all_reduce,broadcast  SIZES=8,64K,4M,64M
-#   COMPARE=torch  ROUNDS=3  PY=.venv-bench/bin/python
+#   COMPARE=torch  ROUNDS=3  PY=.venv313/bin/python (else .venv-bench's)
 # Each cluster size writes OUTDIR/simcluster-<N>hosts.{txt,json,csv}; the table is on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +21,15 @@ OPS=${OPS:-all_reduce,broadcast}
 SIZES=${SIZES:-8,64K,4M,64M}
 COMPARE=${COMPARE:-torch}
 ROUNDS=${ROUNDS:-3}
-PY=${PY:-$ROOT/.venv-bench/bin/python}
-[ -x "$PY" ] || PY=/work/main/.venv-bench/bin/python
-if [ ! -x "$PY" ]; then
-  echo "no .venv-bench: run scripts/setup-bench-venv.sh (or set PY=/path/to/python with torch)" >&2
+# the torch baseline is the newest torch that installs: .venv313's (scripts/setup-dev.sh
+# puts torch 2.15 there), else .venv-bench's torch 2.13 CPU
+if [ -z "${PY:-}" ]; then
+  for cand in "$ROOT/.venv313/bin/python" "$ROOT/.venv-bench/bin/python"; do
+    if [ -x "$cand" ] && "$cand" -c 'import torch' >/dev/null 2>&1; then PY=$cand; break; fi
+  done
+fi
+if [ -z "${PY:-}" ] || [ ! -x "$PY" ]; then
+  echo "no venv with torch: run scripts/setup-dev.sh 3.13 (or set PY=/path/to/python with torch)" >&2
   exit 2
 fi
 if [ "$(id -u)" != 0 ]; then
