@@ -10,7 +10,6 @@ the environment's path without it).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -19,15 +18,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _installed import why_no_gloo_engine
 from procgroup.testing import ConformanceSuite, spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 
-HAVE = {name: importlib.util.find_spec(name) is not None for name in ("pygloo", "torch")}
-WHY_MISSING = {
-    "pygloo": "pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux",
-    "torch": "torch is not installed (pip install procgroup-gloo[torch])",
-}
+WHY_MISSING = {name: why_no_gloo_engine(name) for name in ("pygloo", "torch")}  # None: installed
+HAVE = {name: why is None for name, why in WHY_MISSING.items()}
 
 
 def needs(engine: str) -> pytest.MarkDecorator:

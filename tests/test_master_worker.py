@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from procgroup.plugins import get_backend_spec
+from _installed import require_gloo
 from procgroup.testing._spawn import free_port, mpiexec_command
 
 HERE = Path(__file__).parent
@@ -112,9 +112,7 @@ def test_mpi(mpi_job: dict[str, str | None], check: str) -> None:
 
 @pytest.fixture(scope="module")
 def gloo_job() -> dict[str, str | None]:
-    why = get_backend_spec("gloo").unavailable()  # pygloo or torch's gloo
-    if why:
-        pytest.skip(f"the gloo backend is not available here: {why}")
+    require_gloo()
     ranks = launch(CHECKS, 3, SMALL_CHECKS, env={"MW_BACKEND": "gloo"})
     _assert_clean(ranks)
     return results_of(ranks[0][1], ranks[0][2])

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _installed import gloo_engine_env
 
 from procgroup.testing import spawn
 
@@ -139,14 +140,8 @@ def test_mpi_without_detail_nothing_is_checked(level: str | None) -> None:
 
 # ------------------------------------------------------------------ gloo
 def _gloo_engine(name: str) -> dict[str, str]:
-    """The environment that picks gloo engine ``name``; skips when it is not installed."""
-    import importlib.util
-
-    module, reason = {"pygloo": ("pygloo", "pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux"),
-                      "torch": ("torch", "torch is not installed (pip install procgroup-gloo[torch])")}[name]
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"gloo engine {name}: {reason}")
-    return {"PROCGROUP_GLOO_ENGINE": name}
+    """The environment that picks gloo engine ``name`` (skips only where it cannot install)."""
+    return gloo_engine_env(name)
 
 
 GLOO_ENGINES = pytest.mark.parametrize("engine", ["pygloo", "torch"])

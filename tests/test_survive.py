@@ -16,7 +16,7 @@ import time
 import numpy as np
 import procgroup as pg
 import pytest
-from procgroup.plugins import get_backend_spec
+from _installed import require_gloo
 from procgroup.testing import spawn
 
 SHM = {"sockets": {"PROCGROUP_TCP_SHM": "0"}, "shm": {"PROCGROUP_TCP_SHM": "1"}}
@@ -308,9 +308,7 @@ def gloo_rank_dies(rank: int, size: int) -> object:
 
 
 def test_gloo_survivors_shrink_to_a_new_gloo_context() -> None:
-    why = get_backend_spec("gloo").unavailable()  # pygloo or torch's gloo: either engine shrinks
-    if why:
-        pytest.skip(f"the gloo backend is not available here: {why}")
+    require_gloo()
     results = spawn(gloo_rank_dies, 4, "gloo", expect_dead=[1], timeout=600, job_timeout=150)
     assert [r["rank"] for r in results if r is not None] == [0, 1, 2]
 

@@ -27,7 +27,7 @@ from ._array import (
     _placement,
     pickled_function,
 )
-from ._master import INLINE_SEND, SMALL_BYTES, Master, master
+from ._master import INLINE_SEND, SMALL_BYTES, Master, NodeLink, master
 from ._protocol import Ref
 
 
@@ -233,22 +233,29 @@ def send(array: Any, *, node: int | None = None, device: int = -1) -> RemoteArra
 
 
 # --------------------------------------------------------------------- run, sync, memory
+def _prepare_run(what: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 node: int | None) -> tuple[Master, NodeLink, bytes, Any, Any]:
+    """run()/run_async()'s checks and placement: (master, link, pickled fn, args, kwargs)
+    with the RemoteArray arguments turned into references on the chosen node."""
+    if not callable(fn):
+        raise TypeError(f"{what}: fn must be callable, got {type(fn).__name__}")
+    fn_bytes = pickled_function(fn)
+    operands = [x for x in list(args) + list(kwargs.values()) if isinstance(x, RemoteArray)]
+    m, link, device = _placement(operands, what, node)
+    if node is not None and operands and m.link(node).node != operands[0].node:
+        raise InvalidArgumentError(f"{what}: node={node} but the RemoteArray arguments are on node "
+                                   f"{operands[0].node}; move them with .to({node}) first")
+    return m, link, fn_bytes, _conv(args, link.node, device), _conv(kwargs, link.node, device)
+
+
 def run(fn: Any, *args: Any, node: int | None = None, **kwargs: Any) -> RemoteArray | RemoteValue:
     """Run the picklable ``fn(*args, **kwargs)`` on a node (default: the node of the
     RemoteArray arguments, else the current node); RemoteArray arguments arrive as the
     worker's arrays. Waits until fn has run: returns a RemoteArray when it returned an
     array (its data stays on the worker), else a RemoteValue whose .get() fetches it."""
-    if not callable(fn):
-        raise TypeError(f"remote.run: fn must be callable, got {type(fn).__name__}")
-    fn_bytes = pickled_function(fn)
-    operands = [x for x in list(args) + list(kwargs.values()) if isinstance(x, RemoteArray)]
-    m, link, device = _placement(operands, "remote.run", node)
-    if node is not None and operands and m.link(node).node != operands[0].node:
-        raise InvalidArgumentError(f"remote.run: node={node} but the RemoteArray arguments are on node "
-                                   f"{operands[0].node}; move them with .to({node}) first")
+    m, link, fn_bytes, fargs, fkwargs = _prepare_run("remote.run", fn, args, kwargs, node)
     id_ = next(m.ids)
     sid = m.stream_id(link.node)
-    fargs, fkwargs = _conv(args, link.node, device), _conv(kwargs, link.node, device)
     meta = link.request(lambda tag: ("run", sid, ((id_, None, None),), (), False, (fn_bytes, fargs, fkwargs, tag)),
                         "remote.run")
     if meta[0] == "array":
@@ -260,16 +267,8 @@ def run_async(fn: Any, *args: Any, node: int | None = None, **kwargs: Any) -> Re
     """Like run() but returns at once: a RemoteValue whose .get() waits for fn and returns
     its result (an array result is copied to the master). fn runs on the node's current
     stream, in order with the other operations of that stream."""
-    if not callable(fn):
-        raise TypeError(f"remote.run_async: fn must be callable, got {type(fn).__name__}")
-    fn_bytes = pickled_function(fn)
-    operands = [x for x in list(args) + list(kwargs.values()) if isinstance(x, RemoteArray)]
-    m, link, device = _placement(operands, "remote.run_async", node)
-    if node is not None and operands and m.link(node).node != operands[0].node:
-        raise InvalidArgumentError(f"remote.run_async: node={node} but the RemoteArray arguments are on node "
-                                   f"{operands[0].node}; move them with .to({node}) first")
+    m, link, fn_bytes, fargs, fkwargs = _prepare_run("remote.run_async", fn, args, kwargs, node)
     id_ = next(m.ids)
-    fargs, fkwargs = _conv(args, link.node, device), _conv(kwargs, link.node, device)
     link.issue(("run", m.stream_id(link.node), ((id_, None, None),), (), False, (fn_bytes, fargs, fkwargs, None)))
     return RemoteValue(m, link.node, id_)
 

@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from procgroup._launch.supervisor import pid_alive
+
 PREFIX = "pgsim"
 NETNS_RUN = Path("/var/run/netns")
 #: `ip netns exec NS` bind-mounts the files of /etc/netns/NS over /etc (our /etc/hosts)
@@ -120,16 +122,6 @@ def leftovers(tag: str) -> list[str]:
     return sorted(set(found))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stale_clusters() -> list[str]:
     """Tags of clusters whose creating process is gone."""
     names = set(namespaces())
@@ -138,7 +130,7 @@ def stale_clusters() -> list[str]:
     tags = set()
     for name in names:
         m = _TAG.match(name)
-        if m and not _alive(int(m.group(2))):
+        if m and not pid_alive(int(m.group(2))):
             tags.add(m.group(1))
     return sorted(tags)
 

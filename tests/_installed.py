@@ -1,0 +1,44 @@
+"""What scripts/setup-dev.sh installs is asserted, not skipped: a missing piece is a
+broken setup, and a skipped test would hide it. A test skips only for what cannot be
+installed on this Python (pygloo has wheels for CPython 3.8-3.10 on x86-64 Linux only)
+or what the user chose to leave out (PROCGROUP_DEV_TORCH=0: no torch), saying which.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import sys
+
+import pytest
+
+PYGLOO_WHEELS = sys.platform.startswith("linux") and platform.machine() == "x86_64" and sys.version_info < (3, 11)
+TORCH_LEFT_OUT = os.environ.get("PROCGROUP_DEV_TORCH", "1") == "0"
+
+
+def why_no_gloo_engine(engine: str) -> str | None:
+    """None when gloo engine ``engine`` (pygloo or torch) is installed, else why it may be
+    absent here; AssertionError when the setup should have installed it."""
+    if importlib.util.find_spec(engine) is not None:
+        return None
+    if engine == "pygloo":
+        assert not PYGLOO_WHEELS, "scripts/setup-dev.sh installs procgroup-gloo with pygloo on CPython 3.10"
+        return "pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux"
+    assert TORCH_LEFT_OUT, "scripts/setup-dev.sh installs procgroup-gloo[torch] on every leg (PROCGROUP_DEV_TORCH=0 to skip)"
+    return "torch was left out (PROCGROUP_DEV_TORCH=0)"
+
+
+def gloo_engine_env(engine: str) -> dict[str, str]:
+    """The environment that picks gloo engine ``engine``; skips, saying why, where it cannot be installed."""
+    why = why_no_gloo_engine(engine)
+    if why:
+        pytest.skip(f"gloo engine {engine}: {why}")
+    return {"PROCGROUP_GLOO_ENGINE": engine}
+
+
+def require_gloo() -> None:
+    """The gloo backend on either engine; skips only when neither can be here."""
+    whys = [why_no_gloo_engine(e) for e in ("pygloo", "torch")]
+    if all(whys):
+        pytest.skip("the gloo backend has no engine here: " + "; ".join(f"{w}" for w in whys))
