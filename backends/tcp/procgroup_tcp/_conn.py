@@ -1,26 +1,26 @@
 """Connections of the tcp backend: the mesh set-up and one Peer per remote rank.
 
-A Peer owns its socket, a reader thread that parses frames, and an ordered send path
-(a lock for writes on the caller's thread, a one-thread queue for started sends).
-It knows nothing of receives: where a frame's payload lands, and what a lost peer
-means, it asks of the layer above through the :class:`PeerEvents` it is given.
+A Peer owns its socket, an ordered send path (a lock for writes on the caller's
+thread, a one-thread queue for started sends), its frame reader (``_reader``) and a
+reader thread that reads only while no waiting caller does (``_progress``). It knows
+nothing of receives: where a frame's payload lands, and what a lost peer means, it
+asks of the layer above through the :class:`PeerEvents` it is given.
 """
 
 from __future__ import annotations
 
-import abc
 import concurrent.futures
 import logging
 import os
 import queue
 import select
 import socket
+import struct
 import threading
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from procgroup.backend import (
-    MAX_CONTROL_BYTES,
     ChannelContext,
     client_handshake,
     env_bytes,
@@ -31,6 +31,8 @@ from procgroup.backend import (
 from procgroup.errors import CommTimeoutError, PeerError, ProcGroupError
 
 from . import _wire
+from ._progress import TICK_S, Engine
+from ._reader import FrameReader, Landing, PeerEvents
 
 log = logging.getLogger(__name__)
 
@@ -41,66 +43,54 @@ def left_error(global_rank: int) -> PeerError:
                      f"process exited)", rank=global_rank)
 
 
-class Landing(Protocol):
-    """Where a frame's payload goes: a posted receive, or a buffer of the unexpected queue."""
-
-    def admit(self, nbytes: int, dtype_char: bytes, sender: int) -> memoryview:
-        """The buffer to fill with the payload; raise to refuse the frame (size/dtype)."""
-
-    def finish(self, sender: int, error: BaseException | None = None) -> None:
-        """The payload has landed (or was refused with ``error``)."""
-
-    def fail(self, error: BaseException) -> None:
-        """The payload will never land (the peer died, the channel closed)."""
-
-
-class PeerEvents(abc.ABC):
-    """What a Peer's reader reports to the layer above (the channel)."""
-
-    @abc.abstractmethod
-    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes, fp: bytes) -> Landing:
-        """Where the payload of a frame from ``src`` lands (``fp``: the sender's fingerprint)."""
-
-    @abc.abstractmethod
-    def mismatch_notice(self, peer: Peer, tag: int, notice: bytes) -> None:
-        """``peer`` found that the ranks disagree on the collective of ``tag``."""
-
-    @abc.abstractmethod
-    def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
-        """``peer`` reports it lost world rank ``lost`` (the root cause of what follows)."""
-
-    def control_message(self, peer: Peer, body: bytes) -> None:
-        """``peer`` sent a fault-tolerance control message (revoke, the agreement)."""
-
-    @abc.abstractmethod
-    def peer_left(self, peer: Peer) -> None:
-        """``peer`` said goodbye (a clean close); what it sent before is delivered."""
-
-    @abc.abstractmethod
-    def peer_failed(self, peer: Peer, exc: PeerError) -> None:
-        """``peer``'s connection broke without a goodbye."""
+def _send_all(sock: socket.socket, header: bytes, payload: memoryview, timeout: float,
+              engine: Engine | None = None) -> None:
+    """Header and payload in one gathered write: no copy, one system call when the kernel
+    takes it all. When its buffer is full, the rest goes out blocking, and ``engine``'s
+    reader threads read meanwhile (the peer may be sending to us as well); a send that
+    makes no progress for ``timeout`` seconds raises TimeoutError."""
+    try:
+        sent = sock.sendmsg((header, payload), (), _DONTWAIT)
+    except BlockingIOError:
+        sent = 0
+    if sent == len(header) + payload.nbytes:
+        return
+    if engine is not None:
+        engine.send_blocks()
+    try:
+        _send_rest(sock, [memoryview(header), payload], sent, timeout)
+    finally:
+        if engine is not None:
+            engine.send_unblocks()
 
 
-def _send_all(sock: socket.socket, header: bytes, payload: memoryview) -> None:
-    """Header and payload in one gathered write (no copy, one syscall when it all fits)."""
-    parts = [memoryview(header), payload]
-    while parts:
-        sent = sock.sendmsg(parts)
-        while sent and parts:
-            if sent >= parts[0].nbytes:
-                sent -= parts[0].nbytes
-                parts.pop(0)
-            else:
-                parts[0] = parts[0][sent:]
-                sent = 0
-        while parts and parts[0].nbytes == 0:
-            parts.pop(0)
+def _send_rest(sock: socket.socket, parts: list[memoryview], sent: int, timeout: float) -> None:
+    """Blocking writes (the kernel's SO_SNDTIMEO tick bounds each) until ``parts`` are out."""
+    last = _now()
+    while True:
+        while parts and sent >= parts[0].nbytes:
+            sent -= parts.pop(0).nbytes
+        if not parts:
+            return
+        if sent:
+            parts[0] = parts[0][sent:]
+        try:
+            sent = sock.sendmsg(parts)
+        except BlockingIOError:  # the tick passed with the buffer still full
+            sent = 0
+        now = _now()
+        if sent:
+            last = now
+        elif now - last > timeout:
+            raise TimeoutError(f"no progress for {timeout}s")
 
 
 _now = time.monotonic
+_TIMEVAL = struct.Struct("@ll")  # struct timeval (Linux)
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+_HEADER_SIZE = _wire.HEADER_SIZE
+_pack_header = _wire.HEADER.pack
 
-#: A frame claiming more is a protocol error (256 TiB: no buffer is that large).
-MAX_FRAME_BYTES = 1 << 48
 #: An accepted connection gets this long to prove the token and say hello.
 HANDSHAKE_TIMEOUT_S = 5.0
 
@@ -118,13 +108,19 @@ def socket_buffer_bytes() -> int:
 
 def tune(sock: socket.socket, timeout: float) -> None:
     """A data socket's options: no Nagle delay (small frames leave at once), the buffer
-    size asked for (a fixed size turns the kernel's autotuning off), the channel timeout."""
+    size asked for (a fixed size turns the kernel's autotuning off), and blocking mode
+    with the kernel's SO_RCVTIMEO/SO_SNDTIMEO at the progress tick. Not Python's
+    ``settimeout``: that polls before every recv and send (two system calls each, about
+    2 us a message); the readers and writers count the channel ``timeout`` themselves."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     size = socket_buffer_bytes()
     if size:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
-    sock.settimeout(timeout)
+    sock.settimeout(None)
+    tick = _TIMEVAL.pack(int(TICK_S), int(TICK_S % 1 * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tick)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tick)
 
 
 def _purpose(ctx: ChannelContext, nonce: bytes) -> bytes:
@@ -287,20 +283,24 @@ def _recv_exact_small(conn: socket.socket, n: int) -> bytes:
     return data
 
 
-class Peer:
-    """One remote rank: its socket, a reader thread, and an ordered send path.
+class Peer(FrameReader):
+    """One remote rank: its socket, an ordered send path, and the frames it sends.
 
     Frames between one pair never overtake each other: each direction is one TCP
-    stream, and sends are serialised by the send lock, behind any queued sends.
+    stream, and sends are serialised by the send lock, behind any queued sends. Who
+    reads the frames (a waiting caller, or this peer's reader thread while none does)
+    is decided by ``gate`` and the channel's :class:`~procgroup_tcp._progress.Engine`.
     """
 
     def __init__(self, rank: int, global_rank: int, sock: socket.socket, timeout: float,
-                 events: PeerEvents) -> None:
+                 events: PeerEvents, engine: Engine | None = None) -> None:
         self.rank = rank
         self.global_rank = global_rank
         self.sock = sock
+        self.fileno = sock.fileno()
         self.timeout = timeout
         self.events = events
+        self.engine = engine if engine is not None else Engine()
         self.left = False  # sent a goodbye frame
         self._closing = False
         self._send_lock = threading.Lock()
@@ -308,15 +308,22 @@ class Peer:
         self._queued = 0
         self._sender: concurrent.futures.ThreadPoolExecutor | None = None
         self._seq_out = 0
-        self._seq_in = 0
-        self._reader = threading.Thread(target=self._read_loop, name=f"procgroup-tcp-recv-{global_rank}",
-                                        daemon=True)
+        self._reader = threading.Thread(target=self.engine.background, args=(self,),
+                                        name=f"procgroup-tcp-recv-{global_rank}", daemon=True)
         self._send_error: BaseException | None = None
-        self._current: Landing | None = None  # where the reader is landing a payload now
-        self.last_heard = time.monotonic()  # when the reader last saw a frame (the heartbeat's watch)
+        self._sendmsg = sock.sendmsg
+        # -- the read side (``_reader``, ``_progress``): whoever reads holds ``gate`` for whole frames
+        self.gate = threading.Lock()
+        self.driven_at = 0.0  # when a waiting caller last read this peer
+        self.parked = False  # the reader thread stands back (a caller reads this peer)
+        self._init_reader(sock)
 
     def start_reader(self) -> None:
         self._reader.start()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     # ------------------------------------------------------------------ sending
     @property
@@ -350,24 +357,36 @@ class Peer:
                kind: int = _wire.KIND_DATA) -> None:
         if self._send_error is not None:
             raise fresh(self._send_error)
-        with self._send_lock:
-            header = _wire.pack_header(kind, dtype_char, tag, self._seq_out, view.nbytes, fp)
+        lock = self._send_lock
+        lock.acquire()
+        try:
+            header = _pack_header(kind, dtype_char, _wire.MAGIC, 0, tag, self._seq_out, view.nbytes, fp)
             self._seq_out += 1
-            try:
-                _send_all(self.sock, header, view)
-            except TimeoutError:
-                # part of the frame may be out: the stream cannot be trusted any more
-                self.events.peer_failed(self, PeerError(
-                    f"rank {self.global_rank} stopped reading: a send to it timed out after {self.timeout}s",
-                    rank=self.global_rank))
-                raise CommTimeoutError(
-                    f"send to rank {self.global_rank} timed out after {self.timeout}s (it is not reading)",
-                    op="send", ranks=[self.global_rank]) from None
-            except OSError as exc:
-                lost = PeerError(f"rank {self.global_rank} is unreachable: connection lost while sending ({exc})",
-                                 rank=self.global_rank)
-                self.events.peer_failed(self, lost)
-                raise lost from None
+            try:  # what _send_all does, inline: this is on every message's path
+                sent = self._sendmsg((header, view), (), _DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            if sent != _HEADER_SIZE + view.nbytes:
+                self.engine.send_blocks()
+                try:
+                    _send_rest(self.sock, [memoryview(header), view], sent, self.timeout)
+                finally:
+                    self.engine.send_unblocks()
+        except TimeoutError:
+            # part of the frame may be out: the stream cannot be trusted any more
+            self.events.peer_failed(self, PeerError(
+                f"rank {self.global_rank} stopped reading: a send to it timed out after {self.timeout}s",
+                rank=self.global_rank))
+            raise CommTimeoutError(
+                f"send to rank {self.global_rank} timed out after {self.timeout}s (it is not reading)",
+                op="send", ranks=[self.global_rank]) from None
+        except OSError as exc:
+            lost = PeerError(f"rank {self.global_rank} is unreachable: connection lost while sending ({exc})",
+                             rank=self.global_rank)
+            self.events.peer_failed(self, lost)
+            raise lost from None
+        finally:
+            lock.release()
 
     def send_notice(self, body: bytes, kind: int, wait: float = 1.0) -> None:
         """Write a small control frame now, on the caller's thread, even after sends were
@@ -377,9 +396,9 @@ class Peer:
         try:
             header = _wire.pack_header(kind, b"B", 0, self._seq_out, len(body), _wire.NO_FP)
             self._seq_out += 1
-            _send_all(self.sock, header, memoryview(body))
+            _send_all(self.sock, header, memoryview(body), max(wait, 1.0), self.engine)
         except OSError:
-            pass  # that peer is gone too; its own reader reports it
+            pass  # that peer is gone too; whoever reads it next reports it
         finally:
             self._send_lock.release()
 
@@ -393,15 +412,15 @@ class Peer:
                 return
             header = _wire.pack_header(_wire.KIND_HEARTBEAT, b"B", 0, self._seq_out, 0, _wire.NO_FP)
             self._seq_out += 1
-            _send_all(self.sock, header, memoryview(b""))
+            _send_all(self.sock, header, memoryview(b""), self.timeout)
         except (OSError, ValueError):
-            pass  # the reader reports a broken connection
+            pass  # whoever reads it next reports a broken connection
         finally:
             self._send_lock.release()
 
     @property
     def receiving(self) -> bool:
-        """The reader is in the middle of a payload (bytes are arriving)."""
+        """A reader is in the middle of a payload (bytes are arriving)."""
         return self._current is not None
 
     def kill(self) -> None:
@@ -416,111 +435,10 @@ class Peer:
         self._send_error = exc
 
     def fail_current(self, exc: BaseException) -> None:
-        """Fail the payload this peer's reader is landing (the peer died or we close)."""
+        """Fail the payload a reader is landing from this peer (it died or we close)."""
         target = self._current
         if target is not None:
             target.fail(exc)
-
-    # ------------------------------------------------------------------ receiving
-    def _read_loop(self) -> None:
-        header = bytearray(_wire.HEADER_SIZE)
-        hview = memoryview(header)
-        try:
-            while True:
-                if not self._read_into(hview, at_boundary=True):
-                    return
-                kind, dtype_char, tag, seq, nbytes, fp = _wire.unpack_header(header)
-                self.last_heard = _now()
-                if seq != self._seq_in:
-                    raise self._protocol(f"sent frame {seq} where {self._seq_in} was due")
-                self._seq_in += 1
-                if kind == _wire.KIND_DATA:
-                    if nbytes > MAX_FRAME_BYTES:
-                        raise self._protocol(f"sent a frame claiming {nbytes} bytes")
-                    self._receive_payload(tag, nbytes, dtype_char, fp)
-                elif kind == _wire.KIND_GOODBYE:
-                    self.left = True
-                    self.events.peer_left(self)
-                    return
-                elif kind == _wire.KIND_MISMATCH and nbytes == _wire.NOTICE_SIZE:
-                    notice = memoryview(bytearray(nbytes))
-                    self._read_into(notice, at_boundary=False)
-                    self.events.mismatch_notice(self, tag, notice.tobytes())
-                elif kind == _wire.KIND_PEER_LOST and _wire.LOST.size <= nbytes <= _wire.MAX_LOST_BYTES:
-                    body = memoryview(bytearray(nbytes))
-                    self._read_into(body, at_boundary=False)
-                    (lost,) = _wire.LOST.unpack_from(body)
-                    self.events.peer_lost_notice(self, lost, bytes(body[_wire.LOST.size:]).decode("utf-8", "replace"))
-                elif kind == _wire.KIND_HEARTBEAT and nbytes == 0:
-                    pass
-                elif kind == _wire.KIND_CONTROL and nbytes <= MAX_CONTROL_BYTES:
-                    body = memoryview(bytearray(nbytes))
-                    self._read_into(body, at_boundary=False)
-                    self.events.control_message(self, bytes(body))
-                else:
-                    raise self._protocol(f"sent a frame of unknown kind {kind} ({nbytes} bytes)")
-        except Exception as exc:  # noqa: BLE001 - whatever stops the reader breaks the channel
-            if self._closing:
-                self.fail_current(PeerError(f"the connection to rank {self.global_rank} was closed",
-                                            rank=self.global_rank))
-                return
-            reason = exc if isinstance(exc, PeerError) else PeerError(
-                f"lost the connection to rank {self.global_rank}: {exc}", rank=self.global_rank)
-            self.events.peer_failed(self, reason)
-
-    def _protocol(self, what: str) -> PeerError:
-        """The peer broke the wire protocol: the stream cannot be trusted any more."""
-        return PeerError(f"rank {self.global_rank} {what}: the stream is corrupt or not procgroup's; "
-                         f"closing the connection to it", rank=self.global_rank)
-
-    def _receive_payload(self, tag: int, nbytes: int, dtype_char: bytes, fp: bytes) -> None:
-        target = self.events.match_incoming(self.rank, tag, nbytes, dtype_char, fp)
-        try:
-            view = target.admit(nbytes, dtype_char, self.global_rank)
-        except Exception as exc:  # noqa: BLE001 - reported to the receiver, stream kept in sync
-            target.finish(self.rank, exc)  # at once: the payload may be long (or never come)
-            self._discard(nbytes)
-            return
-        self._current = target
-        self._read_into(view, at_boundary=False)
-        self._current = None
-        self.last_heard = _now()
-        target.finish(self.rank)
-
-    def _discard(self, nbytes: int) -> None:
-        scratch = memoryview(bytearray(min(nbytes, 1 << 20)))
-        while nbytes > 0:
-            n = min(nbytes, len(scratch))
-            self._read_into(scratch[:n], at_boundary=False)
-            nbytes -= n
-
-    def _read_into(self, view: memoryview, *, at_boundary: bool) -> bool:
-        """Fill ``view`` from the socket. False on a clean EOF before a frame starts.
-
-        Idle time between frames is normal, so a timeout there just loops; a peer that
-        stalls in the middle of a frame for longer than the timeout is reported dead.
-        """
-        got, total = 0, view.nbytes
-        while got < total:
-            try:
-                n = self.sock.recv_into(view[got:], total - got)
-            except TimeoutError:
-                if at_boundary and got == 0 and not self._closing:
-                    continue
-                raise PeerError(
-                    f"rank {self.global_rank} stalled for {self.timeout}s in the middle of a message",
-                    rank=self.global_rank) from None
-            if n == 0:
-                if self._closing and at_boundary and got == 0:
-                    return False
-                if self._closing:
-                    raise PeerError(f"the connection to rank {self.global_rank} was closed mid-message",
-                                    rank=self.global_rank)
-                raise PeerError(
-                    f"rank {self.global_rank} closed its connection without a goodbye "
-                    f"(the process died or exited without destroy_process_group)", rank=self.global_rank)
-            got += n
-        return True
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
@@ -530,8 +448,8 @@ class Peer:
         # a broken channel still says goodbye to the live: they must not count this rank dead
         if not self.left and self._send_lock.acquire(timeout=1.0):
             try:
-                self.sock.settimeout(1.0)
-                self.sock.sendall(_wire.pack_header(_wire.KIND_GOODBYE, b"B", 0, self._seq_out, 0))
+                _send_all(self.sock, _wire.pack_header(_wire.KIND_GOODBYE, b"B", 0, self._seq_out, 0),
+                          memoryview(b""), 1.0)
             except OSError:
                 pass
             finally:

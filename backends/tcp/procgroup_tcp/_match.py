@@ -20,35 +20,25 @@ from typing import Any
 
 import numpy as np
 from procgroup.backend import CompletedWork, Work, fresh
-from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
+from procgroup.errors import CommTimeoutError
 
-from ._wire import dtype_code, dtype_of
-
-
-def check_size(nbytes: int, dtype_char: bytes, view: memoryview, dtype: np.dtype, sender: int) -> None:
-    """Refuse a frame whose size or dtype differs from the receive buffer, naming both."""
-    if nbytes == view.nbytes and (dtype_char == dtype_code(dtype) or dtype_of(dtype_char) == dtype):
-        return
-    if nbytes > view.nbytes:
-        raise PeerError(f"rank {sender} sent a message of {nbytes} bytes into a receive buffer of "
-                        f"{view.nbytes} bytes; size and dtype must match", rank=sender)
-    raise InvalidArrayError(
-        f"message from rank {sender} has {nbytes} bytes of dtype {dtype_of(dtype_char)!s} but the receive "
-        f"buffer has {view.nbytes} bytes of dtype {dtype}; size and dtype must match"
-    )
+from ._wire import check_size
 
 
 class PostedRecv(Work):
-    """A receive waiting for its frame, filled by a reader thread; the caller's Work.
+    """A receive waiting for its frame; the caller's Work. Whoever reads the frame (the
+    waiting caller itself, another caller, or a reader thread) fills the buffer.
 
     ``wait(timeout)`` with a timeout only bounds that wait: the receive stays posted and
     a later wait can still get it. Running out the channel's own timeout cancels the
     receive for good. A receive whose payload is already streaming in is not
     cancelled; its reader finishes it, or fails it if the peer dies.
+    No Event per receive: a waiting caller reads the frames itself (``Matcher.settle``),
+    so it looks at ``completed`` after each frame instead of being woken.
     """
 
     op = "irecv"
-    __slots__ = ("_matcher", "done", "dtype", "error", "sender", "src", "tag", "view")
+    __slots__ = ("_matcher", "completed", "dtype", "error", "sender", "src", "tag", "view")
 
     def __init__(self, matcher: Matcher, view: memoryview, src: int | None, tag: int, dtype: np.dtype) -> None:
         self._matcher = matcher
@@ -56,7 +46,7 @@ class PostedRecv(Work):
         self.src = src
         self.tag = tag
         self.dtype = dtype
-        self.done = threading.Event()
+        self.completed = False
         self.sender = -1
         self.error: BaseException | None = None
 
@@ -68,48 +58,59 @@ class PostedRecv(Work):
     def finish(self, sender: int, error: BaseException | None = None) -> None:
         self.sender = sender
         self.error = error
-        self.done.set()
+        self.completed = True
         wake = self._matcher.wake
         if wake is not None:
             wake()
 
     def fail(self, error: BaseException) -> None:
-        if not self.done.is_set():
+        if not self.completed:
             self.finish(-1, error)
+
+    def is_done(self) -> bool:
+        return self.completed
 
     # ------------------------------------------------------------ the caller's side
     def is_completed(self) -> bool:
-        if not self.done.is_set() and self._matcher.progress is not None:
-            self._matcher.progress()
-        return self.done.is_set()
+        if not self.completed:
+            m = self._matcher
+            if m.progress is not None:
+                m.progress()
+            elif m.poke is not None:
+                m.poke(self)
+        return self.completed
 
     def wait(self, timeout: float | None = None) -> bool:
-        m = self._matcher
-        limit = m.timeout if timeout is None else timeout
-        if m.wait_event(self.done, limit):
-            if self.error is not None:
-                raise fresh(self.error)
-            return True
-        who = "any rank" if self.src is None else f"rank {m.global_rank(self.src)}"
-        ranks = [] if self.src is None else [m.global_rank(self.src)]
-        exc = CommTimeoutError(f"recv from {who} (tag {self.tag}) timed out after {limit}s", op="recv", ranks=ranks)
-        if timeout is not None:
-            raise exc
-        if m.cancel(self):
-            self.finish(-1, exc)
-            raise exc
-        # matched: the reader is filling the buffer and bounds a stalled peer itself
-        if not m.wait_event(self.done, m.timeout):
-            raise exc
+        if not self.completed:
+            m = self._matcher
+            limit = m.timeout if timeout is None else timeout
+            if not m.settle(self, limit):
+                self.timed_out(limit, timeout is not None)
         if self.error is not None:
             raise fresh(self.error)
         return True
 
+    def timed_out(self, limit: float, bounded: bool) -> None:
+        """The wait ran out ``limit`` seconds: raise CommTimeoutError (withdrawing the
+        receive unless ``bounded``, a wait with its own timeout), or, when a frame has
+        matched it already, wait for that payload (its reader bounds a stalled peer)."""
+        m = self._matcher
+        who = "any rank" if self.src is None else f"rank {m.global_rank(self.src)}"
+        ranks = [] if self.src is None else [m.global_rank(self.src)]
+        exc = CommTimeoutError(f"recv from {who} (tag {self.tag}) timed out after {limit}s", op="recv", ranks=ranks)
+        if bounded:
+            raise exc
+        if m.cancel(self):
+            self.finish(-1, exc)
+            raise exc
+        if not m.settle(self, m.timeout):
+            raise exc
+
     def exception(self) -> BaseException | None:
-        return self.error if self.done.is_set() else None
+        return self.error if self.completed else None
 
     def result(self) -> Any:
-        return self.sender if self.done.is_set() and self.error is None else None
+        return self.sender if self.completed and self.error is None else None
 
 
 class Unexpected:
@@ -179,6 +180,10 @@ class Matcher:
         #: with ``progress``: the wait that drives it, and how a landing wakes a sleeping waiter
         self.wait_until: Callable[[Callable[[], bool], float], bool] | None = None
         self.wake: Callable[[], None] | None = None
+        #: sockets only (no shared memory): a wait reads the frames itself, ``drive(req,
+        #: seconds) -> completed``, and ``is_completed`` reads what has arrived, ``poke(req)``
+        self.drive: Callable[[PostedRecv, float], bool] | None = None
+        self.poke: Callable[[PostedRecv], None] | None = None
         #: tag -> (the MismatchError of its collective, until when the tag stays dead)
         self.dead: dict[int, tuple[BaseException, float]] = {}
 
@@ -221,6 +226,16 @@ class Matcher:
         self._deliver(ux, view, dtype)
         return CompletedWork("irecv", ux.src)
 
+    def unclaimed(self, src: int, tag: int) -> bool:
+        """No queued frame from ``src`` with ``tag``, and no posted receive that such a frame
+        would go to first: a receive taking the next one may skip the queue and the posting
+        (``TcpChannel.do_recv``; its caller holds ``src``'s gate, so nobody queues meanwhile)."""
+        if not self._posted and not self._unexpected:
+            return True
+        with self._lock:
+            return not (any(u.tag == tag and u.src == src for u in self._unexpected)
+                        or any(r.tag == tag and (r.src is None or r.src == src) for r in self._posted))
+
     def _deliver(self, ux: Unexpected, view: memoryview, dtype: np.dtype) -> None:
         # refuse a frame of the wrong size at once, not after its payload has arrived
         check_size(ux.data.nbytes, ux.dtype_char, view, dtype, self.global_rank(ux.src))
@@ -235,11 +250,26 @@ class Matcher:
         view[:] = memoryview(ux.data)  # type: ignore[arg-type]
 
     def wait_event(self, done: threading.Event, timeout: float) -> bool:
-        """``done.wait(timeout)``, driving the shared-memory progress meanwhile when there is one."""
+        """``done.wait(timeout)`` for a queued frame still arriving (its reader sets it),
+        driving the shared-memory progress meanwhile when there is one."""
         wait_until = self.wait_until
         if wait_until is None or done.is_set():
             return done.wait(timeout)
         return wait_until(done.is_set, timeout)
+
+    def settle(self, req: PostedRecv, timeout: float) -> bool:
+        """Wait up to ``timeout`` for ``req``: the shared-memory wait when there is one,
+        else the caller reads the sockets itself (``drive``). True once it completed."""
+        wait_until = self.wait_until
+        if wait_until is not None:
+            return wait_until(req.is_done, timeout)
+        drive = self.drive
+        if drive is not None:
+            return drive(req, timeout)
+        deadline = time.monotonic() + timeout  # no transport to read (a channel of one)
+        while not req.completed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return req.completed
 
     def cancel(self, req: PostedRecv) -> bool:
         """Withdraw a receive no frame has matched yet; False when one has."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+from procgroup.errors import InvalidArrayError, PeerError
 
 MAGIC = 0x5047  # "PG"
 VERSION = 2  # 2: the fingerprint in the header, the listener's nonce in the hello
@@ -77,8 +78,14 @@ def unpack_hello(buf: bytes, size: int, group_id: int, nonce: bytes) -> int:
 
 
 def byte_view(array: np.ndarray) -> memoryview:
-    """A flat byte view of a C-contiguous NumPy array (writable if it is), no copy."""
-    return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    """A flat byte view of a C-contiguous NumPy array (writable if it is), no copy.
+
+    ``memoryview(a).cast("B")`` first: a third of the time of reshape + view, and it is
+    on every message's path; dtypes the buffer protocol refuses (datetime) take the view."""
+    try:
+        return memoryview(array).cast("B")
+    except (TypeError, ValueError):
+        return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 _DTYPE_CODES: dict[np.dtype, bytes] = {}
@@ -100,6 +107,19 @@ def dtype_of(code: bytes) -> np.dtype | bytes:
         return code
 
 
+def check_size(nbytes: int, dtype_char: bytes, view: memoryview, dtype: np.dtype, sender: int) -> None:
+    """Refuse a frame whose size or dtype differs from the receive buffer, naming both."""
+    if nbytes == view.nbytes and (dtype_char == dtype_code(dtype) or dtype_of(dtype_char) == dtype):
+        return
+    if nbytes > view.nbytes:
+        raise PeerError(f"rank {sender} sent a message of {nbytes} bytes into a receive buffer of "
+                        f"{view.nbytes} bytes; size and dtype must match", rank=sender)
+    raise InvalidArrayError(
+        f"message from rank {sender} has {nbytes} bytes of dtype {dtype_of(dtype_char)!s} but the receive "
+        f"buffer has {view.nbytes} bytes of dtype {dtype}; size and dtype must match"
+    )
+
+
 __all__ = [
     "FP_SIZE",
     "HEADER_SIZE",
@@ -118,6 +138,7 @@ __all__ = [
     "NOTICE_SIZE",
     "NO_FP",
     "byte_view",
+    "check_size",
     "dtype_code",
     "dtype_of",
     "pack_header",

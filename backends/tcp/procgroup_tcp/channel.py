@@ -29,6 +29,7 @@ base's algorithms).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,10 +41,11 @@ from procgroup.backend import (
     FutureWork,
     SubChannel,
     Work,
+    fresh,
     host_address,
     mismatch,
 )
-from procgroup.errors import ChannelClosedError, PeerError
+from procgroup.errors import ChannelClosedError, CommTimeoutError, PeerError
 from procgroup.ops import ReduceOp
 
 from ._collectives import Plan
@@ -52,6 +54,7 @@ from ._fingerprints import Fingerprinted, Ledger
 from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._p2p import OutLink, ShmP2P, open_p2p
+from ._progress import FRAME, LANDED, OVER, TICK_S, Engine
 from ._shm import SharedMemoryArena, all_on_one_host
 from ._wire import (
     KIND_CONTROL,
@@ -66,9 +69,14 @@ from ._wire import (
 )
 
 log = logging.getLogger(__name__)
+_now = time.monotonic
 
 #: A started send of at most this many bytes is written inline (the kernel buffer absorbs it).
 INLINE_SEND_BYTES = 256 * 1024
+#: A blocking receive of at most this many bytes may land unposted (``do_recv``): its
+#: payload takes no time to read, so a failure elsewhere is seen as soon as with a posted one.
+DIRECT_RECV_BYTES = 64 * 1024
+_EMPTY = memoryview(b"")
 
 
 class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
@@ -88,11 +96,16 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post)
         self._plan = Plan()  # which algorithm runs a collective over the sockets
         self._heartbeat: Heartbeat | None = None
+        self._engine = Engine()  # who reads the sockets: waiting callers, else reader threads
+        self._peer_list: list[Peer] = []
         if ctx.size == 1:
             return
         sockets = connect_mesh(ctx, host_address(ctx))
         for rank, sock in sockets.items():
-            self._peers[rank] = Peer(rank, ctx.global_rank(rank), sock, ctx.timeout, self)
+            self._peers[rank] = Peer(rank, ctx.global_rank(rank), sock, ctx.timeout, self, self._engine)
+        self._peer_list = list(self._peers.values())
+        self._matcher.drive = self._drive
+        self._matcher.poke = self._poke
         try:
             for peer in self._peers.values():
                 peer.start_reader()
@@ -110,6 +123,10 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
                 self._matcher.progress = self._p2p.progress
                 self._matcher.wait_until = self._p2p.wait_until
                 self._matcher.wake = self._p2p.bell.ring
+                # waits sleep on the doorbell, which a landed socket frame rings: the reader
+                # threads read every socket from now on (they stood back during the set-up)
+                self._matcher.drive = self._matcher.poke = None
+                self._engine.resume(self._peer_list)
             deadline = deadline_seconds(ctx.options)
             if deadline:
                 self._heartbeat = Heartbeat(self._live_peers, deadline, self._silent,
@@ -127,6 +144,19 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         if peer.left:
             raise left_error(peer.global_rank)
         return peer
+
+    def _drive(self, req: PostedRecv, timeout: float) -> bool:
+        """A receive's wait on the sockets: read the frames on the caller's thread."""
+        src = req.src
+        if src is not None:
+            self._engine.drive(self._peers[src], req, _now() + timeout)
+        else:
+            self._engine.drive_any(self._peer_list, req, _now() + timeout)
+        return req.completed
+
+    def _poke(self, req: PostedRecv) -> None:
+        """``is_completed`` on the sockets: take in what has arrived, never wait."""
+        self._engine.poke(self._peer_list if req.src is None else (self._peers[req.src],), req)
 
     def _has_left(self, rank: int) -> bool:
         """The peer said goodbye (destroy_process_group); the arena's waits ask this."""
@@ -299,8 +329,10 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     # Same-host peers (``self._shm_out``) go through shared memory (``_p2p``), the others
     # over their socket; a receive is posted in the one matcher either way.
     def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
-        peer = self._peer(dst)
-        link = self._shm_out.get(dst)
+        peer = self._peers.get(dst)
+        if peer is None or peer.left or self._failure is not None or self._closed:
+            peer = self._peer(dst)  # raises the error that fits
+        link = self._shm_out.get(dst) if self._shm_out else None
         if link is not None:
             self._p2p.send(link, byte_view(array), tag, dtype_code(array.dtype), self._fps.get(tag, NO_FP))  # type: ignore[union-attr]
             return
@@ -318,6 +350,64 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
             peer.send(view, tag, dtype_char, fp)
             return CompletedWork("isend")
         return FutureWork("isend", peer.send_async(view, tag, dtype_char, fp))
+
+    def do_recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
+        """A blocking receive. On the sockets (no shared memory) from one peer it reads that
+        peer's frames on this thread (``_progress``): a small user message that nothing
+        posted or queued before it could claim lands straight in ``array`` (no matching);
+        otherwise it is posted and this thread reads until it lands."""
+        peer = self._peers.get(src) if src is not None and self._p2p is None else None
+        if peer is None or peer.left or self._failure is not None or self._closed:
+            work = self.start_recv(array, src, tag)
+            work.wait()
+            return int(work.result())
+        view = byte_view(array)
+        if view.nbytes <= DIRECT_RECV_BYTES and tag not in self._fps and self.timeout >= TICK_S:
+            gate = peer.gate
+            if gate.acquire(False):
+                try:
+                    if self._matcher.unclaimed(src, tag):  # type: ignore[arg-type]
+                        return self._recv_direct(peer, view, array.dtype, tag)
+                finally:
+                    peer.direct = _EMPTY  # the caller's array is not kept alive
+                    peer.drain_buffered()  # whole frames left in the buffer would wake nobody
+                    peer.driven_at = _now()
+                    gate.release()
+        req = self._matcher.post(view, src, tag, array.dtype, self._fps.get(tag), self._mismatched)
+        if req.__class__ is not PostedRecv:  # served from the unexpected queue
+            return int(req.result())
+        if not req.completed:
+            self._engine.drive(peer, req, _now() + self.timeout)  # type: ignore[arg-type]
+            if not req.completed:
+                req.timed_out(self.timeout, False)  # type: ignore[attr-defined]
+        if req.error is not None:  # type: ignore[attr-defined]
+            raise fresh(req.error)  # type: ignore[attr-defined]
+        return req.sender  # type: ignore[attr-defined,no-any-return]
+
+    def _recv_direct(self, peer: Peer, view: memoryview, dtype: Any, tag: int) -> int:
+        """``do_recv``'s unposted receive; the caller holds ``peer.gate``, so no other thread
+        reads this peer's frames, and a receive posted meanwhile comes after this one."""
+        peer.direct, peer.direct_code, peer.direct_dtype, peer.refused = view, dtype_code(dtype), dtype, None
+        deadline = 0.0
+        while True:
+            got = peer.read_frame(True, tag)
+            if got == LANDED:
+                break
+            if got != FRAME:  # the tick passed, or the peer is over: has the channel failed?
+                self.check_usable()
+                if peer.left:
+                    raise left_error(peer.global_rank)
+                if got == OVER:  # closing, or a failure already reported
+                    raise PeerError(f"the connection to rank {peer.global_rank} is closed", rank=peer.global_rank)
+                now = _now()
+                if not deadline:
+                    deadline = now + self.timeout - TICK_S
+                elif now >= deadline:
+                    raise CommTimeoutError(f"recv from rank {peer.global_rank} (tag {tag}) timed out after "
+                                           f"{self.timeout}s", op="recv", ranks=[peer.global_rank])
+        if peer.refused is not None:
+            raise peer.refused
+        return peer.rank
 
     def start_recv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
         self.check_usable()
@@ -407,6 +497,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
             self._heartbeat.stop()
         for peer in self._peers.values():
             peer.close()
+        self._engine.stop()
         exc = ChannelClosedError("the tcp channel was closed while this call was pending")
         self._matcher.fail_all(exc)
         for peer in self._peers.values():
@@ -463,4 +554,4 @@ class TcpSubChannel(Fingerprinted, SubChannel):
         self._fingerprinted("barrier", None, super().do_barrier)
 
 
-__all__ = ["INLINE_SEND_BYTES", "TcpChannel", "TcpSubChannel"]
+__all__ = ["DIRECT_RECV_BYTES", "INLINE_SEND_BYTES", "TcpChannel", "TcpSubChannel"]
