@@ -362,18 +362,20 @@ class DataChannel(abc.ABC):
 
     def peer_died(self, rank: int, exc: BaseException | None = None) -> bool:
         """Called by the backend when it knows channel rank ``rank`` is dead: record it,
-        break the channel with ``exc`` (pending calls fail), and tell the sub-groups
-        holding it. True the first time this rank is reported."""
+        tell the sub-groups holding it, then break the channel with ``exc`` (pending calls
+        fail). The sub-groups first: a call of a sub-group that rides on this channel wakes
+        when this channel breaks, and must then find the death in the sub-group's
+        ``failed_ranks``. True the first time this rank is reported."""
         if self.survives and not self.survival().died(rank):
             return False
         failure = self._failure
         if isinstance(failure, PeerError) and self._survival is not None:  # world ranks, as .rank
             failure.ranks = tuple(self.ctx.global_rank(r) for r in sorted(self._survival.dead))
-        if exc is not None:
-            self.interrupt(exc)
         for child, index in list(self._children.values()):
             if rank in index:
                 child.peer_died(index[rank], exc if exc is not None else self._failure)
+        if exc is not None:
+            self.interrupt(exc)
         return True
 
     @property
