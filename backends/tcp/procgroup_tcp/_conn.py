@@ -89,6 +89,8 @@ _now = time.monotonic
 _TIMEVAL = struct.Struct("@ll")  # struct timeval (Linux)
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _HEADER_SIZE = _wire.HEADER_SIZE
+_KIND_DATA = _wire.KIND_DATA
+_MAGIC = _wire.MAGIC
 _pack_header = _wire.HEADER.pack
 
 #: An accepted connection gets this long to prove the token and say hello.
@@ -331,11 +333,28 @@ class Peer(FrameReader):
         return self._queued > 0
 
     def send(self, view: memoryview, tag: int, dtype_char: bytes, fp: bytes = _wire.NO_FP) -> None:
-        """Blocking send on the caller's thread; goes behind queued sends, keeping order."""
+        """Blocking send on the caller's thread; goes behind queued sends, keeping order.
+        The write is ``_write``'s, inline: this is on every message's path."""
         if self._queued:
             self.send_async(view, tag, dtype_char, fp).result()
             return
-        self._write(view, tag, dtype_char, fp)
+        if self._send_error is not None:
+            raise fresh(self._send_error)
+        lock = self._send_lock
+        lock.acquire()
+        try:
+            header = _pack_header(_KIND_DATA, dtype_char, _MAGIC, 0, tag, self._seq_out, view.nbytes, fp)
+            self._seq_out += 1
+            try:
+                sent = self._sendmsg((header, view), (), _DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            if sent != _HEADER_SIZE + view.nbytes:
+                self._send_blocked(header, view, sent)
+        except OSError as exc:
+            raise self._send_failed(exc) from None
+        finally:
+            lock.release()
 
     def send_async(self, view: memoryview, tag: int, dtype_char: bytes, fp: bytes = _wire.NO_FP,
                    kind: int = _wire.KIND_DATA) -> concurrent.futures.Future[None]:
@@ -354,39 +373,44 @@ class Peer(FrameReader):
             self._queued -= 1
 
     def _write(self, view: memoryview, tag: int, dtype_char: bytes, fp: bytes = _wire.NO_FP,
-               kind: int = _wire.KIND_DATA) -> None:
+               kind: int = _KIND_DATA) -> None:
         if self._send_error is not None:
             raise fresh(self._send_error)
-        lock = self._send_lock
-        lock.acquire()
-        try:
-            header = _pack_header(kind, dtype_char, _wire.MAGIC, 0, tag, self._seq_out, view.nbytes, fp)
+        with self._send_lock:
+            header = _pack_header(kind, dtype_char, _MAGIC, 0, tag, self._seq_out, view.nbytes, fp)
             self._seq_out += 1
-            try:  # what _send_all does, inline: this is on every message's path
-                sent = self._sendmsg((header, view), (), _DONTWAIT)
-            except BlockingIOError:
-                sent = 0
-            if sent != _HEADER_SIZE + view.nbytes:
-                self.engine.send_blocks()
+            try:
                 try:
-                    _send_rest(self.sock, [memoryview(header), view], sent, self.timeout)
-                finally:
-                    self.engine.send_unblocks()
-        except TimeoutError:
-            # part of the frame may be out: the stream cannot be trusted any more
+                    sent = self._sendmsg((header, view), (), _DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                if sent != _HEADER_SIZE + view.nbytes:
+                    self._send_blocked(header, view, sent)
+            except OSError as exc:
+                raise self._send_failed(exc) from None
+
+    def _send_blocked(self, header: bytes, view: memoryview, sent: int) -> None:
+        """The kernel took only ``sent`` bytes: the rest goes out blocking, and every reader
+        thread of the channel reads meanwhile (the peer may be sending to us as well)."""
+        self.engine.send_blocks()
+        try:
+            _send_rest(self.sock, [memoryview(header), view], sent, self.timeout)
+        finally:
+            self.engine.send_unblocks()
+
+    def _send_failed(self, exc: OSError) -> BaseException:
+        """A write failed (under the send lock): the stream cannot be trusted any more."""
+        if isinstance(exc, TimeoutError):  # part of the frame may be out
             self.events.peer_failed(self, PeerError(
                 f"rank {self.global_rank} stopped reading: a send to it timed out after {self.timeout}s",
                 rank=self.global_rank))
-            raise CommTimeoutError(
+            return CommTimeoutError(
                 f"send to rank {self.global_rank} timed out after {self.timeout}s (it is not reading)",
-                op="send", ranks=[self.global_rank]) from None
-        except OSError as exc:
-            lost = PeerError(f"rank {self.global_rank} is unreachable: connection lost while sending ({exc})",
-                             rank=self.global_rank)
-            self.events.peer_failed(self, lost)
-            raise lost from None
-        finally:
-            lock.release()
+                op="send", ranks=[self.global_rank])
+        lost = PeerError(f"rank {self.global_rank} is unreachable: connection lost while sending ({exc})",
+                         rank=self.global_rank)
+        self.events.peer_failed(self, lost)
+        return lost
 
     def send_notice(self, body: bytes, kind: int, wait: float = 1.0) -> None:
         """Write a small control frame now, on the caller's thread, even after sends were
@@ -418,11 +442,6 @@ class Peer(FrameReader):
         finally:
             self._send_lock.release()
 
-    @property
-    def receiving(self) -> bool:
-        """A reader is in the middle of a payload (bytes are arriving)."""
-        return self._current is not None
-
     def kill(self) -> None:
         """Cut the connection to a peer declared dead (it learns it was excluded, and a
         send blocked on it ends)."""
@@ -433,12 +452,6 @@ class Peer(FrameReader):
 
     def fail_pending_sends(self, exc: BaseException) -> None:
         self._send_error = exc
-
-    def fail_current(self, exc: BaseException) -> None:
-        """Fail the payload a reader is landing from this peer (it died or we close)."""
-        target = self._current
-        if target is not None:
-            target.fail(exc)
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

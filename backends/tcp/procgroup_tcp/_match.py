@@ -172,8 +172,10 @@ class Matcher:
         self.global_rank = global_rank
         self._check = check
         self._lock = threading.Lock()
-        self._posted: list[PostedRecv] = []
-        self._unexpected: list[Unexpected] = []
+        #: the posted receives and the queued frames, oldest first (changed under the lock;
+        #: read without it only to see that both are empty, ``TcpChannel.do_recv``)
+        self.posted: list[PostedRecv] = []
+        self.unexpected: list[Unexpected] = []
         #: set when frames also arrive through shared memory: a wait must then drive
         #: that progress itself (nothing else reads the rings), see ``_p2p``
         self.progress: Callable[[], None] | None = None
@@ -193,12 +195,12 @@ class Matcher:
         with self._lock:
             if self.dead and tag in self.dead:
                 return DISCARD
-            for i, req in enumerate(self._posted):
+            for i, req in enumerate(self.posted):
                 if req.tag == tag and (req.src is None or req.src == src):
-                    del self._posted[i]
+                    del self.posted[i]
                     return req
             ux = Unexpected(src, tag, nbytes, dtype_char, fp)
-            self._unexpected.append(ux)
+            self.unexpected.append(ux)
             return ux
 
     def post(self, view: memoryview, src: int | None, tag: int, dtype: np.dtype, fp: bytes | None = None,
@@ -211,15 +213,15 @@ class Matcher:
         with self._lock:
             if self.dead and tag in self.dead:
                 raise fresh(self.dead[tag][0])
-            for i, ux in enumerate(self._unexpected):
+            for i, ux in enumerate(self.unexpected):
                 if ux.tag == tag and (src is None or ux.src == src):
-                    del self._unexpected[i]
+                    del self.unexpected[i]
                     break
             else:
                 # what a departed peer sent before its goodbye is still delivered above
                 self._check(src)
                 req = PostedRecv(self, view, src, tag, dtype)
-                self._posted.append(req)
+                self.posted.append(req)
                 return req
         if fp is not None and ux.fp != fp and mismatched is not None:
             raise mismatched(tag, fp, ux.fp, ux)
@@ -230,11 +232,9 @@ class Matcher:
         """No queued frame from ``src`` with ``tag``, and no posted receive that such a frame
         would go to first: a receive taking the next one may skip the queue and the posting
         (``TcpChannel.do_recv``; its caller holds ``src``'s gate, so nobody queues meanwhile)."""
-        if not self._posted and not self._unexpected:
-            return True
         with self._lock:
-            return not (any(u.tag == tag and u.src == src for u in self._unexpected)
-                        or any(r.tag == tag and (r.src is None or r.src == src) for r in self._posted))
+            return not (any(u.tag == tag and u.src == src for u in self.unexpected)
+                        or any(r.tag == tag and (r.src is None or r.src == src) for r in self.posted))
 
     def _deliver(self, ux: Unexpected, view: memoryview, dtype: np.dtype) -> None:
         # refuse a frame of the wrong size at once, not after its payload has arrived
@@ -274,8 +274,8 @@ class Matcher:
     def cancel(self, req: PostedRecv) -> bool:
         """Withdraw a receive no frame has matched yet; False when one has."""
         with self._lock:
-            if req in self._posted:
-                self._posted.remove(req)
+            if req in self.posted:
+                self.posted.remove(req)
                 return True
             return False
 
@@ -289,19 +289,19 @@ class Matcher:
             for old in [t for t, (_, until) in self.dead.items() if until < now]:
                 del self.dead[old]
             self.dead[tag] = (exc, now + DEAD_TAG_SECONDS)
-            waiting = [r for r in self._posted if r.tag == tag]
-            self._posted = [r for r in self._posted if r.tag != tag]
-            self._unexpected = [u for u in self._unexpected if u.tag != tag]
+            waiting = [r for r in self.posted if r.tag == tag]
+            self.posted = [r for r in self.posted if r.tag != tag]
+            self.unexpected = [u for u in self.unexpected if u.tag != tag]
         for req in waiting:
             req.fail(fresh(exc))
         return True
 
     def queued(self, tag: int) -> Unexpected | None:
         """The first frame still queued under ``tag`` (its collective has ended), or None."""
-        if not self._unexpected:  # the common case; a frame queued meanwhile is checked as it lands
+        if not self.unexpected:  # the common case; a frame queued meanwhile is checked as it lands
             return None
         with self._lock:
-            for ux in self._unexpected:
+            for ux in self.unexpected:
                 if ux.tag == tag:
                     return ux
         return None
@@ -314,16 +314,16 @@ class Matcher:
     def fail_from(self, src: int, exc: BaseException) -> None:
         """Fail the receives that wait on ``src`` alone (it said goodbye)."""
         with self._lock:
-            waiting = [r for r in self._posted if r.src == src]
-            self._posted = [r for r in self._posted if r.src != src]
+            waiting = [r for r in self.posted if r.src == src]
+            self.posted = [r for r in self.posted if r.src != src]
         for req in waiting:
             req.finish(src, exc)
 
     def fail_all(self, exc: BaseException) -> None:
         """Fail every posted receive and every payload still arriving."""
         with self._lock:
-            posted, self._posted = self._posted, []
-            pending = [u for u in self._unexpected if not u.done.is_set()]
+            posted, self.posted = self.posted, []
+            pending = [u for u in self.unexpected if not u.done.is_set()]
         for req in posted:
             req.fail(exc)
         for ux in pending:

@@ -24,13 +24,14 @@ import abc
 import select
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from procgroup.backend import MAX_CONTROL_BYTES
-from procgroup.errors import PeerError
+from procgroup.errors import CommTimeoutError, PeerError
 
 from . import _wire
-from ._progress import FRAME, LANDED, NOTHING, OVER
+from ._progress import FRAME, LANDED, NOTHING, OVER, TICK_S
 from ._wire import check_size
 
 if TYPE_CHECKING:
@@ -42,12 +43,12 @@ _HEADER_SIZE = _wire.HEADER_SIZE
 _KIND_DATA = _wire.KIND_DATA
 _MAGIC = _wire.MAGIC
 _unpack_from = _wire.HEADER.unpack_from
+#: After a payload longer than this, its arrival counts as heard again (the heartbeat's watch).
+_LONG_PAYLOAD = 1 << 20
 #: A frame claiming more is a protocol error (256 TiB: no buffer is that large).
 MAX_FRAME_BYTES = 1 << 48
 #: The stream buffer: what one ``recv`` may take in (small frames, and a large one's head).
 BUFFER_BYTES = 64 * 1024
-#: After a payload longer than this, its arrival counts as heard again (the heartbeat's watch).
-_LONG_PAYLOAD = 1 << 20
 
 
 class Landing(Protocol):
@@ -165,6 +166,38 @@ class FrameReader:
         """Dispatch the whole frames already in the buffer (before the gate is let go)."""
         while self._end - self._start >= _HEADER_SIZE and not self.over:
             self.read_frame(False)
+
+    def receive_direct(self, into: memoryview, code: bytes, dtype: Any, tag: int,
+                       check: Callable[[int], None]) -> None:
+        """A caller's unposted receive of ``tag`` (``TcpChannel.do_recv``, which holds the
+        gate and made sure no queued frame or earlier receive comes first): read frames
+        until one of ``tag`` lands in ``into``. Whenever the tick passes with nothing, or
+        the peer is over, ``check(rank)`` raises the channel's error (broken, closed, the
+        peer left); the channel timeout ends the wait with CommTimeoutError."""
+        self.direct, self.direct_code, self.direct_dtype, self.refused = into, code, dtype, None
+        deadline = 0.0
+        try:
+            while True:
+                got = self.read_frame(True, tag)
+                if got == LANDED:
+                    break
+                if got == FRAME:
+                    continue
+                check(self.rank)
+                if got == OVER:  # closed under us, or a failure the channel has recorded already
+                    raise PeerError(f"the connection to rank {self.global_rank} is closed", rank=self.global_rank)
+                now = _now()
+                if not deadline:
+                    deadline = now + self.timeout - TICK_S  # the first tick has passed
+                elif now >= deadline:
+                    raise CommTimeoutError(f"recv from rank {self.global_rank} (tag {tag}) timed out after "
+                                           f"{self.timeout}s", op="recv", ranks=[self.global_rank])
+        finally:
+            self.direct = _EMPTY  # the caller's array is not kept alive
+            if self._end - self._start >= _HEADER_SIZE:
+                self.drain_buffered()  # whole frames left in the buffer would wake nobody
+        if self.refused is not None:
+            raise self.refused
 
     # ------------------------------------------------------------------ one frame
     def read_frame(self, wait: bool, want: int = -1) -> int:

@@ -88,14 +88,15 @@ def byte_view(array: np.ndarray) -> memoryview:
         return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
-_DTYPE_CODES: dict[np.dtype, bytes] = {}
+#: dtype -> the one-byte code a frame header carries (filled by ``dtype_code``)
+DTYPE_CODES: dict[np.dtype, bytes] = {}
 
 
 def dtype_code(dtype: np.dtype) -> bytes:
     """The one-byte dtype code a frame header carries (cached: it is on every send)."""
-    code = _DTYPE_CODES.get(dtype)
+    code = DTYPE_CODES.get(dtype)
     if code is None:
-        code = _DTYPE_CODES[dtype] = dtype.char.encode()
+        code = DTYPE_CODES[dtype] = dtype.char.encode()
     return code
 
 
@@ -121,6 +122,7 @@ def check_size(nbytes: int, dtype_char: bytes, view: memoryview, dtype: np.dtype
 
 
 __all__ = [
+    "DTYPE_CODES",
     "FP_SIZE",
     "HEADER_SIZE",
     "HELLO_SIZE",

@@ -45,7 +45,7 @@ from procgroup.backend import (
     host_address,
     mismatch,
 )
-from procgroup.errors import ChannelClosedError, CommTimeoutError, PeerError
+from procgroup.errors import ChannelClosedError, PeerError
 from procgroup.ops import ReduceOp
 
 from ._collectives import Plan
@@ -54,7 +54,7 @@ from ._fingerprints import Fingerprinted, Ledger
 from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._p2p import OutLink, ShmP2P, open_p2p
-from ._progress import FRAME, LANDED, OVER, TICK_S, Engine
+from ._progress import TICK_S, Engine
 from ._shm import SharedMemoryArena, all_on_one_host
 from ._wire import (
     KIND_CONTROL,
@@ -64,6 +64,7 @@ from ._wire import (
     MAX_LOST_BYTES,
     NO_FP,
     NOTICE,
+    DTYPE_CODES,
     byte_view,
     dtype_code,
 )
@@ -76,7 +77,6 @@ INLINE_SEND_BYTES = 256 * 1024
 #: A blocking receive of at most this many bytes may land unposted (``do_recv``): its
 #: payload takes no time to read, so a failure elsewhere is seen as soon as with a posted one.
 DIRECT_RECV_BYTES = 64 * 1024
-_EMPTY = memoryview(b"")
 
 
 class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
@@ -97,6 +97,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._plan = Plan()  # which algorithm runs a collective over the sockets
         self._heartbeat: Heartbeat | None = None
         self._engine = Engine()  # who reads the sockets: waiting callers, else reader threads
+        self._direct = False
         self._peer_list: list[Peer] = []
         if ctx.size == 1:
             return
@@ -106,6 +107,9 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._peer_list = list(self._peers.values())
         self._matcher.drive = self._drive
         self._matcher.poke = self._poke
+        #: a blocking receive reads its peer's frames itself (no shared-memory p2p, whose
+        #: waits sleep on the doorbell; and a timeout the kernel's read tick cannot overshoot)
+        self._direct = ctx.timeout >= TICK_S
         try:
             for peer in self._peers.values():
                 peer.start_reader()
@@ -126,6 +130,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
                 # waits sleep on the doorbell, which a landed socket frame rings: the reader
                 # threads read every socket from now on (they stood back during the set-up)
                 self._matcher.drive = self._matcher.poke = None
+                self._direct = False
                 self._engine.resume(self._peer_list)
             deadline = deadline_seconds(ctx.options)
             if deadline:
@@ -274,6 +279,21 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
             if gone is not None:
                 gone.kill()
 
+    def _tell_deaths(self) -> None:
+        """Before the goodbyes: every live peer hears of each death this rank knows of, in
+        the stream its goodbye follows. A peer waiting on this rank then learns the cause
+        before the leave, however its threads are scheduled (a rank told of a death by a
+        notice does not pass it on at once; a peer known to know it ignores it)."""
+        dead = self.failed_ranks()
+        if not dead:
+            return
+        live = [p for p in self._peers.values() if p.rank not in dead and not p.left and not p.over]
+        for rank in dead:
+            gr = self.ctx.global_rank(rank)
+            body = LOST.pack(gr) + f"rank {gr} died".encode()
+            for peer in live:
+                peer.send_notice(body, KIND_PEER_LOST)
+
     def _local_rank(self, global_rank: int) -> int | None:
         ranks = self.ctx.global_ranks
         if not ranks:
@@ -332,11 +352,18 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         peer = self._peers.get(dst)
         if peer is None or peer.left or self._failure is not None or self._closed:
             peer = self._peer(dst)  # raises the error that fits
-        link = self._shm_out.get(dst) if self._shm_out else None
-        if link is not None:
-            self._p2p.send(link, byte_view(array), tag, dtype_code(array.dtype), self._fps.get(tag, NO_FP))  # type: ignore[union-attr]
-            return
-        peer.send(byte_view(array), tag, dtype_code(array.dtype), self._fps.get(tag, NO_FP))
+        try:
+            view = memoryview(array).cast("B")  # byte_view, inline: on every message's path
+        except (TypeError, ValueError):
+            view = byte_view(array)
+        dtype = array.dtype
+        code = DTYPE_CODES.get(dtype) or dtype_code(dtype)
+        if self._shm_out:
+            link = self._shm_out.get(dst)
+            if link is not None:
+                self._p2p.send(link, view, tag, code, self._fps.get(tag, NO_FP))  # type: ignore[union-attr]
+                return
+        peer.send(view, tag, code, self._fps.get(tag, NO_FP))
 
     def start_send(self, array: Any, dst: int, tag: int = 0) -> Work:
         peer = self._peer(dst)
@@ -356,21 +383,25 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         peer's frames on this thread (``_progress``): a small user message that nothing
         posted or queued before it could claim lands straight in ``array`` (no matching);
         otherwise it is posted and this thread reads until it lands."""
-        peer = self._peers.get(src) if src is not None and self._p2p is None else None
+        peer = self._peers.get(src) if self._direct and src is not None else None  # type: ignore[arg-type]
         if peer is None or peer.left or self._failure is not None or self._closed:
             work = self.start_recv(array, src, tag)
             work.wait()
             return int(work.result())
-        view = byte_view(array)
-        if view.nbytes <= DIRECT_RECV_BYTES and tag not in self._fps and self.timeout >= TICK_S:
+        try:
+            view = memoryview(array).cast("B")  # byte_view, inline: on every message's path
+        except (TypeError, ValueError):
+            view = byte_view(array)
+        if view.nbytes <= DIRECT_RECV_BYTES and tag not in self._fps:
             gate = peer.gate
             if gate.acquire(False):
                 try:
-                    if self._matcher.unclaimed(src, tag):  # type: ignore[arg-type]
-                        return self._recv_direct(peer, view, array.dtype, tag)
+                    m = self._matcher
+                    if (not m.posted and not m.unexpected) or m.unclaimed(src, tag):  # type: ignore[arg-type]
+                        dtype = array.dtype
+                        peer.receive_direct(view, DTYPE_CODES.get(dtype) or dtype_code(dtype), dtype, tag, self._may_post)
+                        return src  # type: ignore[return-value]
                 finally:
-                    peer.direct = _EMPTY  # the caller's array is not kept alive
-                    peer.drain_buffered()  # whole frames left in the buffer would wake nobody
                     peer.driven_at = _now()
                     gate.release()
         req = self._matcher.post(view, src, tag, array.dtype, self._fps.get(tag), self._mismatched)
@@ -383,31 +414,6 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         if req.error is not None:  # type: ignore[attr-defined]
             raise fresh(req.error)  # type: ignore[attr-defined]
         return req.sender  # type: ignore[attr-defined,no-any-return]
-
-    def _recv_direct(self, peer: Peer, view: memoryview, dtype: Any, tag: int) -> int:
-        """``do_recv``'s unposted receive; the caller holds ``peer.gate``, so no other thread
-        reads this peer's frames, and a receive posted meanwhile comes after this one."""
-        peer.direct, peer.direct_code, peer.direct_dtype, peer.refused = view, dtype_code(dtype), dtype, None
-        deadline = 0.0
-        while True:
-            got = peer.read_frame(True, tag)
-            if got == LANDED:
-                break
-            if got != FRAME:  # the tick passed, or the peer is over: has the channel failed?
-                self.check_usable()
-                if peer.left:
-                    raise left_error(peer.global_rank)
-                if got == OVER:  # closing, or a failure already reported
-                    raise PeerError(f"the connection to rank {peer.global_rank} is closed", rank=peer.global_rank)
-                now = _now()
-                if not deadline:
-                    deadline = now + self.timeout - TICK_S
-                elif now >= deadline:
-                    raise CommTimeoutError(f"recv from rank {peer.global_rank} (tag {tag}) timed out after "
-                                           f"{self.timeout}s", op="recv", ranks=[peer.global_rank])
-        if peer.refused is not None:
-            raise peer.refused
-        return peer.rank
 
     def start_recv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
         self.check_usable()
@@ -495,6 +501,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         """Say goodbye to every peer, fail what is pending, unmap the arena."""
         if self._heartbeat is not None:
             self._heartbeat.stop()
+        self._tell_deaths()
         for peer in self._peers.values():
             peer.close()
         self._engine.stop()
