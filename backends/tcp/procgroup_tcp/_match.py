@@ -9,6 +9,12 @@ larger than the buffer: PeerError naming the sender, smaller or of another dtype
 InvalidArrayError). A collective's receive also compares the frame's fingerprint
 with its own; a tag found mismatched is *dead* for a while: its receives fail with
 the MismatchError and its late frames are dropped (see :meth:`Matcher.poison`).
+
+A receive from one rank that waits longer than ``PROBE_AFTER`` calls the matcher's
+``stalled`` hook, then again at doubling intervals (up to ``PROBE_EVERY``): the channel
+sends that rank a probe with the collective's fingerprint, so ranks that disagree while
+each of them only receives (reduce or gather with two different roots) find it in
+milliseconds instead of waiting out the timeout. A wait that ends in time costs nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ from procgroup.backend import CompletedWork, Work, fresh
 from procgroup.errors import CommTimeoutError, InvalidArrayError, PeerError
 
 from ._wire import dtype_code, dtype_of
+
+#: a receive waiting this long (seconds) probes its sender, then at doubling intervals
+PROBE_AFTER = 0.02
+#: the longest interval between two probes of one waiting receive
+PROBE_EVERY = 1.0
 
 
 def check_size(nbytes: int, dtype_char: bytes, view: memoryview, dtype: np.dtype, sender: int) -> None:
@@ -86,7 +97,7 @@ class PostedRecv(Work):
     def wait(self, timeout: float | None = None) -> bool:
         m = self._matcher
         limit = m.timeout if timeout is None else timeout
-        if m.wait_event(self.done, limit):
+        if self._wait_probing(limit):
             if self.error is not None:
                 raise fresh(self.error)
             return True
@@ -103,6 +114,24 @@ class PostedRecv(Work):
             raise exc
         if self.error is not None:
             raise fresh(self.error)
+        return True
+
+    def _wait_probing(self, limit: float) -> bool:
+        """Wait up to ``limit`` seconds; past ``PROBE_AFTER``, call ``stalled`` now and then
+        (for as long as it returns True: only a collective's receive from one rank probes)."""
+        m = self._matcher
+        stalled = m.stalled
+        if stalled is None or self.src is None or limit <= PROBE_AFTER:
+            return m.wait_event(self.done, limit)
+        deadline = time.monotonic() + limit
+        step = PROBE_AFTER
+        while not m.wait_event(self.done, step):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if not stalled(self):
+                return m.wait_event(self.done, left)
+            step = min(step * 2, PROBE_EVERY, left)
         return True
 
     def exception(self) -> BaseException | None:
@@ -181,6 +210,8 @@ class Matcher:
         self.wake: Callable[[], None] | None = None
         #: tag -> (the MismatchError of its collective, until when the tag stays dead)
         self.dead: dict[int, tuple[BaseException, float]] = {}
+        #: called with a receive that has waited a while; False: it need not be called again
+        self.stalled: Callable[[PostedRecv], bool] | None = None
 
     def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes,
                        fp: bytes) -> PostedRecv | Unexpected | Discard:
@@ -300,4 +331,5 @@ class Matcher:
             ux.fail(exc)
 
 
-__all__ = ["DEAD_TAG_SECONDS", "DISCARD", "Discard", "Matcher", "PostedRecv", "Unexpected", "check_size"]
+__all__ = ["DEAD_TAG_SECONDS", "DISCARD", "PROBE_AFTER", "PROBE_EVERY", "Discard", "Matcher", "PostedRecv", "Unexpected",
+           "check_size"]

@@ -86,6 +86,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._p2p: ShmP2P | None = None
         self._shm_out: dict[int, OutLink] = {}  # same-host peers whose messages go through shared memory
         self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post)
+        self._matcher.stalled = self._probe
         self._plan = Plan()  # which algorithm runs a collective over the sockets
         self._heartbeat: Heartbeat | None = None
         if ctx.size == 1:
@@ -177,6 +178,27 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
             return False
         self._ledger.mark_late(tag, self._mismatched(tag, entry[0], fp, src))
         return True
+
+    def _probe(self, req: PostedRecv) -> bool:
+        """A receive has waited a while: if it is a collective's, tell its sender the
+        fingerprint (False: a user's receive, nothing to compare)."""
+        fp = self._fps.get(req.tag)
+        peer = self._peers.get(req.src) if req.src is not None else None
+        if fp is None or peer is None:
+            return False
+        peer.send_probe(req.tag, fp)
+        return True
+
+    def fingerprint_probe(self, peer: Peer, tag: int, fp: bytes) -> None:
+        """``peer`` waits to receive in the collective of ``tag`` under ``fp``: a running or
+        finished collective of that tag with another fingerprint is a mismatch (one this
+        rank has not reached yet is not: the peer probes again)."""
+        expected = self._fps.get(tag)
+        if expected is not None:
+            if fp != expected:
+                self._mismatched(tag, expected, fp, peer.rank)
+        elif self._ledger.done:
+            self._late_frame(peer.rank, tag, fp)
 
     def _collective_ended(self, tag: int, fp: bytes) -> BaseException | None:
         """The collective of ``tag`` ended here: a frame of another op still queued under its
