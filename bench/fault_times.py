@@ -18,6 +18,14 @@ socket path between hosts, as on a real cluster::
 
     sudo .venv/bin/python bench/fault_times.py --simcluster --ranks 4 8 --repeat 5
 
+``--backend mpi`` measures what a death does to an mpi job instead: the mpi backend
+cannot shrink (MPI's ULFM is not usable, docs/fault-tolerance.md), and mpiexec ends
+the whole job. It starts ``mpiexec -n N`` (the one next to this Python), a middle rank
+exits while the others wait in a barrier, and it reports the time from the victim's
+last instant until mpiexec has returned, i.e. every rank has ended::
+
+    .venv313/bin/python bench/fault_times.py --backend mpi --ranks 4 8 --repeat 5
+
 Prints one line per size: medians over ``--repeat`` jobs, in milliseconds.
 """
 
@@ -113,6 +121,40 @@ def one_job(size: int, path: str) -> tuple[float, float]:
     return _times(death, [r for r in results if r is not None])
 
 
+def mpi_rank(stamp_dir: str) -> None:
+    """One rank of an mpi job (``--mpi-rank``): a middle rank exits during a barrier."""
+    import numpy as np
+    import procgroup as pg
+
+    pg.init_process_group("mpi", timeout=600)
+    rank, size = pg.get_rank(), pg.get_world_size()
+    x = np.ones(8)
+    pg.all_reduce(x)
+    pg.barrier()
+    if rank == size // 2:
+        time.sleep(0.2)  # the others are in the barrier by now
+        with open(os.path.join(stamp_dir, "death"), "w") as f:
+            f.write(repr(time.time()))
+        os._exit(3)
+    pg.barrier()  # never returns: mpiexec ends the job (the op timeout is 600 s)
+
+
+def mpi_job(size: int) -> float:
+    """ms from the death of a middle rank until mpiexec returned (every rank ended)."""
+    from procgroup.testing import mpiexec_command
+
+    with tempfile.TemporaryDirectory(prefix="procgroup-fault-") as stamps:
+        env = {**os.environ, "PROCGROUP_MPI_ABORT_ON_EXCEPTION": "0"}  # only the death ends the job
+        cmd = mpiexec_command() + ["-n", str(size), sys.executable, os.path.abspath(__file__), "--mpi-rank", stamps]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        ended = time.time()
+        if not os.path.exists(os.path.join(stamps, "death")):
+            raise RuntimeError(f"mpi job failed before the death ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        with open(os.path.join(stamps, "death")) as f:
+            death = float(f.read())
+    return (ended - death) * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16])
@@ -121,10 +163,23 @@ def main() -> None:
     parser.add_argument("--simcluster", action="store_true", help="one rank per simulated host (root)")
     parser.add_argument("--rate", default="1gbit", help="with --simcluster: each link's rate (1gbit)")
     parser.add_argument("--delay", default="0.1ms", help="with --simcluster: one-way delay (0.1ms)")
+    parser.add_argument("--backend", choices=("tcp", "mpi"), default="tcp",
+                        help="mpi: time from a death to the end of the whole job (mpi cannot shrink)")
     parser.add_argument("--cluster-rank", metavar="STAMP_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--mpi-rank", metavar="STAMP_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cluster_rank:
         cluster_rank(args.cluster_rank)
+        return
+    if args.mpi_rank:
+        mpi_rank(args.mpi_rank)
+        return
+    if args.backend == "mpi":
+        print(f"# mpi under mpiexec, one host, {os.cpu_count()} cores; medians of {args.repeat} jobs, ms")
+        print(f"{'ranks':>5} {'job ended':>10}")
+        for size in args.ranks:
+            ended = statistics.median(mpi_job(size) for _ in range(args.repeat))
+            print(f"{size:>5} {ended:>10.1f}", flush=True)
         return
     if args.simcluster:
         print(f"# tcp (sockets), simulated cluster: one rank per host, {args.rate} links, {args.delay} "
