@@ -8,7 +8,8 @@ object collectives refuse sizes a peer announces that are negative or over the l
 
 tcp's socket path (PROCGROUP_TCP_SHM=0) checks the fingerprints its frames carry; the
 gaps it used to have are rows here: a rank whose part only sends (a broadcast root, a
-reduce leaf, gather's non-roots), and a root disagreement in which every rank only sends.
+reduce leaf, gather's non-roots), a root disagreement in which every rank only sends, and
+one in which every rank only receives (found by the probes of the waiting receives).
 """
 
 from __future__ import annotations
@@ -312,6 +313,9 @@ def _send_only_cases(rank: int, odd: int) -> list[tuple[str, Any]]:
                                                     if rank == 0 else None, dst=0)),
         # two ranks both think they are the root: on 2 ranks nobody receives at all
         ("both_roots_send", lambda: pg.broadcast(np.ones(4, np.float32), odd if me else 0)),
+        # one rank thinks it is the root of reduce: on 2 ranks every rank only receives (the
+        # waiting receivers' probes find it)
+        ("reduce_roots_receive", lambda: pg.reduce(np.ones(4, np.float32), odd if me else 0)),
         # one rank calls a collective the others skip: its k-th collective meets their k-th
         # (the same tag), here one that only sends against a barrier
         ("extra_collective", lambda: pg.broadcast(np.ones(4, np.float32), odd) if me else pg.barrier()),

@@ -270,6 +270,45 @@ def test_second_job_without_tokens_is_told_the_port_is_taken(monkeypatch):
         results[f"a{r}"].store.close()
 
 
+_SECOND_JOB = """
+import sys
+from procgroup.rendezvous import rendezvous
+try:
+    rendezvous(sys.argv[1], rank=1, world_size=2, timeout=20)
+    print("SEATED")
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_second_job_without_tokens_is_told_apart_by_the_launcher_job_id(monkeypatch):
+    """No token, but a launcher's job id (two Slurm jobs on one node, one port): the
+    second job's rank, arriving before the first job's own rank 1, gets no seat."""
+    import subprocess
+    import sys
+
+    monkeypatch.delenv(_auth.ENV_TOKEN, raising=False)
+    for name in _auth.JOB_ID_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    url = f"tcp://127.0.0.1:{_free_port()}"
+    results: dict = {}
+    first = threading.Thread(target=_rdzv, args=(results, "a0", url, 0, 2))
+    first.start()
+    env = {**os.environ, "SLURM_JOB_ID": "202"}
+    second = subprocess.run([sys.executable, "-c", _SECOND_JOB, url], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert second.stdout.startswith("AuthenticationError"), (second.stdout, second.stderr[-2000:])
+    assert "a different job holds this port" in second.stdout and "SLURM_JOB_ID" in second.stdout
+    _rdzv(results, "a1", url, 1, 2)
+    first.join(IO_TIMEOUT)
+    a0, a1 = results["a0"], results["a1"]
+    assert not isinstance(a0, BaseException) and not isinstance(a1, BaseException), (a0, a1)
+    assert a0.job_key == a1.job_key != _auth.job_key(None)
+    a1.store.close()
+    a0.store.close()
+
+
 # ------------------------------------------------------------------------ bad timeouts
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0, 1e300, 2.2e9, -0.5])
 def test_bad_timeouts_over_the_wire_close_only_that_client(server, value):

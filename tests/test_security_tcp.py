@@ -276,9 +276,16 @@ _CASES = {
              lambda pg, r: pg.broadcast(np.ones(4, np.float32), src=1)),
     "op vs broadcast": (lambda pg, r: pg.all_reduce(np.ones(4, np.float32)),
                         lambda pg, r: pg.broadcast(np.ones(4, np.float32), src=1)),
+    # each rank thinks it is the root: over the sockets every rank only receives (the
+    # waiting receivers' probes find it)
+    "reduce root": (lambda pg, r: pg.reduce(np.ones(4, np.float32), dst=0),
+                    lambda pg, r: pg.reduce(np.ones(4, np.float32), dst=1)),
+    "gather root": (lambda pg, r: pg.gather(np.ones(3), [np.zeros(3), np.zeros(3)], dst=0),
+                    lambda pg, r: pg.gather(np.ones(3), [np.zeros(3), np.zeros(3)], dst=1)),
 }
 #: over the sockets a rank whose part only sends raises at its next collective (docs/backends/tcp.md)
-_SOCKET_CASES = ["op", "small vs large", "0 vs non-0", "dtype", "reduce op", "op vs broadcast", "root"]
+_SOCKET_CASES = ["op", "small vs large", "0 vs non-0", "dtype", "reduce op", "op vs broadcast", "root",
+                 "reduce root", "gather root"]
 
 
 def _mismatch_matrix(rank: int, size: int, names: list[str]) -> dict[str, Any]:

@@ -45,6 +45,13 @@ HANDSHAKE_TIMEOUT_S = 10.0
 #: Tokens longer than this are refused (they are read from env and files).
 MAX_TOKEN_BYTES = 4096
 
+#: Launchers' job ids, first found wins. Without a token, the key is made from the one the
+#: launcher set, so a second job that reaches this job's port (two Slurm jobs on one node,
+#: both on the default MASTER_PORT) is refused at the handshake instead of taking a seat.
+#: This tells jobs apart; it is no secret (anyone who knows the id can present it).
+JOB_ID_VARS = ("SLURM_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "FLUX_JOB_ID", "LSB_JOBID",
+               "PBS_JOBID", "TORCHELASTIC_RUN_ID")
+
 _warned = threading.Event()
 
 
@@ -54,6 +61,15 @@ def job_key(token: str | bytes | None) -> bytes:
     if len(raw) > MAX_TOKEN_BYTES:
         raise InvalidArgumentError(f"the job token is {len(raw)} bytes long; at most {MAX_TOKEN_BYTES} are allowed")
     return hashlib.sha256(b"procgroup job token\0" + raw).digest()
+
+
+def launcher_job_id() -> str | None:
+    """``NAME=value`` of the first of :data:`JOB_ID_VARS` set in this process, or None."""
+    for name in JOB_ID_VARS:
+        value = os.environ.get(name, "").strip()
+        if value and value.lower() != "none":  # torchrun's default rendezvous id is "none"
+            return f"{name}={value}"
+    return None
 
 
 def new_token() -> str:
@@ -74,7 +90,8 @@ def resolve_token(token: str | bytes | None, master_addr: str | None, *, where: 
     """The job's key: from ``token`` (an argument), else $PROCGROUP_JOB_TOKEN.
 
     With neither, a loopback master just works; any other address works with one warning
-    per process saying how to set a token, or fails when $PROCGROUP_REQUIRE_TOKEN=1.
+    per process saying how to set a token, or fails when $PROCGROUP_REQUIRE_TOKEN=1. The
+    key is then the launcher's job id's (:func:`launcher_job_id`), if it set one.
     """
     if token is None:
         token = os.environ.get(ENV_TOKEN) or None
@@ -90,7 +107,11 @@ def resolve_token(token: str | bytes | None, master_addr: str | None, *, where: 
             _warned.set()
             log.warning("%s: no job token: any process that reaches %s can join this job; %s",
                         where, master_addr, advice)
-    return job_key(None)
+    identity = launcher_job_id()
+    if identity is None:
+        return job_key(None)
+    log.debug("%s: no job token: this job is told apart from others by %s", where, identity)
+    return hashlib.sha256(b"procgroup launcher job id\0" + identity.encode()).digest()
 
 
 def _mac(key: bytes, side: bytes, purpose: bytes, first: bytes, second: bytes) -> bytes:
@@ -139,7 +160,8 @@ class ClientHandshake:
         if len(verdict) != VERDICT_BYTES or verdict[:1] != b"\1":
             raise AuthenticationError(
                 f"{self._peer} refused this process's job token: a different job holds this port, or "
-                f"this process has the wrong {ENV_TOKEN} (every rank of a job needs the same one)")
+                f"this process has the wrong {ENV_TOKEN} (every rank of a job needs the same one; without "
+                f"one, the same launcher job id: {', '.join(JOB_ID_VARS)})")
         expected = _mac(self._key, b"server", self._purpose, self._nonce, self._server_nonce)
         if not hmac.compare_digest(verdict[1:], expected):
             raise AuthenticationError(f"{self._peer} could not prove it holds the job token: not this job's peer")
@@ -190,6 +212,7 @@ __all__ = [
     "ClientHandshake",
     "ENV_REQUIRE_TOKEN",
     "ENV_TOKEN",
+    "JOB_ID_VARS",
     "GREETING_BYTES",
     "HANDSHAKE_TIMEOUT_S",
     "REPLY_BYTES",

@@ -65,6 +65,7 @@ def init_process_group(
         if token is not None and not isinstance(token, (str, bytes)):
             raise InvalidArgumentError(f"init_process_group: token must be a str or bytes, got {type(token).__name__}")
         spec, cls = load_channel_class(settings.backend)
+        cls.check_settings(options)  # before the rendezvous: every rank refuses alike, none waits
         _logging.configure(cls.__module__.split(".")[0], lambda: getattr(getattr(_state.state, "world", None), "rank", None))
         rank_, size, the_store, master_addr, key = _meet(settings, cls, store, token)
         st = _state.State(world=None, store=the_store, timeout=settings.timeout,  # type: ignore[arg-type]

@@ -8,13 +8,14 @@ runs the op on the group's channel: ``channel.run`` when blocking, ``channel.sta
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Sequence, cast
 
 import numpy as np
 
 from . import _state
 from ._staging import Prepared, copy_back, prepare, prepare_list
-from .backend import MAX_USER_TAG, DataChannel, MappedWork, Work
+from .backend import MAX_USER_TAG, CompletedWork, DataChannel, MappedWork, Work
 from .errors import InvalidArgumentError, ProcGroupError
 from .groups import Group
 from .ops import ReduceOp, check_op_dtype
@@ -25,16 +26,19 @@ def _execute(g: Group, op: str, args: tuple[Any, ...], written: Sequence[Prepare
     channel: Any = g.channel  # member() checked it is there
     then = copy_back(written)
     try:
-        if async_op:
+        if channel.uniform_failure:  # completes before it returns, async_op or not
+            channel.run_uniform(op, *args)
+        elif async_op:
             work = channel.start(op, *args)
             return MappedWork(work, then=then) if then is not None else work
-        channel.run(op, *args)
+        else:
+            channel.run(op, *args)
     except ProcGroupError as exc:
         _name_op(exc, op, g)
         raise
     if then is not None:
         then()
-    return None
+    return CompletedWork(op) if async_op else None
 
 
 def _name_op(exc: BaseException, op: str, g: Group) -> None:
@@ -87,9 +91,12 @@ _p2p_dtypes: set[np.dtype] = set()
 
 
 def bind_group(g: Group) -> None:
-    """Give ``g`` its fast paths (a member whose channel takes host arrays)."""
+    """Give ``g`` its fast paths (a member whose channel takes host arrays; all_reduce's
+    ends with the survivors' agreement when the channel has ``uniform_failure``)."""
     channel: Any = g.channel
-    g.fast = FastPath(channel.blocking("send"), channel.blocking("recv"), channel.blocking("all_reduce"),
+    all_reduce_fast = (functools.partial(channel.run_uniform, "all_reduce") if channel.uniform_failure
+                       else channel.blocking("all_reduce"))
+    g.fast = FastPath(channel.blocking("send"), channel.blocking("recv"), all_reduce_fast,
                       {r: i for i, r in enumerate(g.ranks)}, g.ranks, g.ranks[g.rank])
 
 

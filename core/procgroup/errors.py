@@ -13,6 +13,10 @@ from typing import Iterable
 class ProcGroupError(Exception):
     """Base class of every error procgroup raises on purpose."""
 
+    #: with PROCGROUP_UNIFORM_FAILURE=1: the number (from 0) on its group of the collective
+    #: that failed, the same on every survivor; None otherwise
+    seq: int | None = None
+
 
 class NotInitializedError(ProcGroupError, RuntimeError):
     """A call needs ``init_process_group`` first (or the group was destroyed)."""

@@ -33,7 +33,7 @@ from mpi4py import MPI
 from procgroup.backend import ChannelContext, DataChannel, choose_address, job_key
 from procgroup.ops import ReduceOp, finish_average
 
-from . import _abort, _cuda
+from . import _abort, _cuda, _ulfm
 from ._buffers import concatenate, span, spread
 from ._comms import TagRoutes, create_group, world_comm
 from ._lowering import PLANS, datatype_of, reduce_plan
@@ -77,15 +77,13 @@ class MpiChannel(DataChannel):
     #: How to start a world of ``size`` ranks: the core quotes it when a rank or size given
     #: to init_process_group contradicts MPI's
     launch_hint = "start the job with 'mpiexec -n {size} python ...' (mpiexec decides the ranks)"
-    #: revoke/agree/shrink (docs/fault-tolerance.md): not on this backend yet. MPI's own
-    #: answer is ULFM (MPIX_Comm_revoke/shrink/agree); procgroup does not drive it, because
-    #: a death under mpiexec ends the whole job (MPI_ERRORS_ARE_FATAL, the launcher's
-    #: clean-up) before any survivor could shrink.
-    shrink_unsupported = (
-        "the mpi backend cannot shrink a group after a death: MPI's fault tolerance (ULFM: "
-        "MPIX_Comm_revoke/shrink/agree) is not driven by procgroup, and a death under mpiexec ends "
-        "the whole job; use the tcp or gloo backend (procgroup-run --keep-going) to survive a death"
-    )
+
+    @property
+    def shrink_unsupported(self) -> str:  # type: ignore[override]
+        """Why revoke/agree/shrink are refused here, as this process's MPI library answers
+        (:mod:`._ulfm`): ULFM does not work with the MPIs procgroup was tested with, and a
+        death under mpiexec ends the whole job (docs/fault-tolerance.md, "mpi")."""
+        return _ulfm.why_not()
 
     @classmethod
     def discover_world(cls) -> tuple[int, int]:

@@ -427,14 +427,24 @@ class Peer(FrameReader):
             self._send_lock.release()
 
     def send_heartbeat(self) -> None:
-        """A header-only frame, only if the socket takes it now: the heartbeat thread must
-        never block on a peer that stopped reading (nor behind a long send)."""
+        """Tell the peer this rank is alive; the heartbeat thread must never block on a
+        peer that stopped reading (nor behind a long send)."""
+        self._send_header_now(_wire.KIND_HEARTBEAT, 0, _wire.NO_FP)
+
+    def send_probe(self, tag: int, fp: bytes) -> None:
+        """Tell the peer this rank waits in the collective of ``tag`` under ``fp``; a
+        waiting receiver sends it and must never block on it."""
+        self._send_header_now(_wire.KIND_PROBE, tag, fp)
+
+    def _send_header_now(self, kind: int, tag: int, fp: bytes) -> None:
+        """A header-only frame, only if the socket takes it now; skipped while a send is
+        under way (the peer hears from us anyway)."""
         if not self._send_lock.acquire(blocking=False):
-            return  # a send is under way: the peer hears from us anyway
+            return
         try:
             if not select.select([], [self.sock], [], 0)[1]:
                 return
-            header = _wire.pack_header(_wire.KIND_HEARTBEAT, b"B", 0, self._seq_out, 0, _wire.NO_FP)
+            header = _wire.pack_header(kind, b"B", tag, self._seq_out, 0, fp)
             self._seq_out += 1
             _send_all(self.sock, header, memoryview(b""), self.timeout)
         except (OSError, ValueError):

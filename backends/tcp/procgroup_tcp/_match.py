@@ -9,6 +9,12 @@ larger than the buffer: PeerError naming the sender, smaller or of another dtype
 InvalidArrayError). A collective's receive also compares the frame's fingerprint
 with its own; a tag found mismatched is *dead* for a while: its receives fail with
 the MismatchError and its late frames are dropped (see :meth:`Matcher.poison`).
+
+A receive from one rank that waits longer than ``PROBE_AFTER`` calls the matcher's
+``stalled`` hook, then again at doubling intervals (up to ``PROBE_EVERY``): the channel
+sends that rank a probe with the collective's fingerprint, so ranks that disagree while
+each of them only receives (reduce or gather with two different roots) find it in
+milliseconds instead of waiting out the timeout. A wait that ends in time costs nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ from procgroup.backend import CompletedWork, Work, fresh
 from procgroup.errors import CommTimeoutError
 
 from ._wire import check_size
+
+#: a receive waiting this long (seconds) probes its sender, then at doubling intervals
+PROBE_AFTER = 0.02
+#: the longest interval between two probes of one waiting receive
+PROBE_EVERY = 1.0
 
 
 class PostedRecv(Work):
@@ -188,6 +199,8 @@ class Matcher:
         self.poke: Callable[[PostedRecv], None] | None = None
         #: tag -> (the MismatchError of its collective, until when the tag stays dead)
         self.dead: dict[int, tuple[BaseException, float]] = {}
+        #: called with a receive that has waited a while; False: it need not be called again
+        self.stalled: Callable[[PostedRecv], bool] | None = None
 
     def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes,
                        fp: bytes) -> PostedRecv | Unexpected | Discard:
@@ -258,8 +271,26 @@ class Matcher:
         return wait_until(done.is_set, timeout)
 
     def settle(self, req: PostedRecv, timeout: float) -> bool:
-        """Wait up to ``timeout`` for ``req``: the shared-memory wait when there is one,
-        else the caller reads the sockets itself (``drive``). True once it completed."""
+        """Wait up to ``timeout`` for ``req``; True once it completed. Past ``PROBE_AFTER``
+        it calls ``stalled`` now and then (for as long as that returns True: only a
+        collective's receive from one rank probes)."""
+        stalled = self.stalled
+        if stalled is None or req.src is None or timeout <= PROBE_AFTER:
+            return self._settle(req, timeout)
+        deadline = time.monotonic() + timeout
+        step = PROBE_AFTER
+        while not self._settle(req, step):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if not stalled(req):
+                return self._settle(req, left)
+            step = min(step * 2, PROBE_EVERY, left)
+        return True
+
+    def _settle(self, req: PostedRecv, timeout: float) -> bool:
+        """The shared-memory wait when there is one, else the caller reads the sockets
+        itself (``drive``)."""
         wait_until = self.wait_until
         if wait_until is not None:
             return wait_until(req.is_done, timeout)
@@ -330,4 +361,5 @@ class Matcher:
             ux.fail(exc)
 
 
-__all__ = ["DEAD_TAG_SECONDS", "DISCARD", "Discard", "Matcher", "PostedRecv", "Unexpected", "check_size"]
+__all__ = ["DEAD_TAG_SECONDS", "DISCARD", "PROBE_AFTER", "PROBE_EVERY", "Discard", "Matcher", "PostedRecv", "Unexpected",
+           "check_size"]

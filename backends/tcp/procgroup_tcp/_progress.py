@@ -42,7 +42,7 @@ _now = time.monotonic
 FRAME, NOTHING, OVER, LANDED = 1, 0, -1, 2
 #: The kernel's SO_RCVTIMEO/SO_SNDTIMEO on the data sockets: a caller blocked in a read
 #: or a write looks up this often (a receive failed by another thread, a deadline).
-TICK_S = 0.02
+TICK_S = 0.01
 #: A peer's reader thread stays parked this long after a caller last read that peer.
 QUIET_S = 0.002
 #: A caller waiting for a gate another thread holds looks at its receive this often.

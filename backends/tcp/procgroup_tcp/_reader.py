@@ -82,6 +82,9 @@ class PeerEvents(abc.ABC):
     def control_message(self, peer: Peer, body: bytes) -> None:
         """``peer`` sent a fault-tolerance control message (revoke, the agreement)."""
 
+    def fingerprint_probe(self, peer: Peer, tag: int, fp: bytes) -> None:
+        """``peer`` has waited a while to receive in the collective of ``tag``, under ``fp``."""
+
     @abc.abstractmethod
     def peer_left(self, peer: Peer) -> None:
         """``peer`` said goodbye (a clean close); what it sent before is delivered."""
@@ -290,6 +293,8 @@ class FrameReader:
                 (lost,) = _wire.LOST.unpack_from(body)
                 reason = body[_wire.LOST.size:].decode("utf-8", "replace")
                 self.events.peer_lost_notice(self, lost, reason)  # type: ignore[arg-type]
+            elif kind == _wire.KIND_PROBE and nbytes == 0:
+                self.events.fingerprint_probe(self, tag, fp)  # type: ignore[arg-type]
             elif kind == _wire.KIND_CONTROL and nbytes <= MAX_CONTROL_BYTES:
                 self.events.control_message(self, self._read_body(nbytes))  # type: ignore[arg-type]
             else:

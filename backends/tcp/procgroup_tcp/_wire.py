@@ -15,7 +15,7 @@ import numpy as np
 from procgroup.errors import InvalidArrayError, PeerError
 
 MAGIC = 0x5047  # "PG"
-VERSION = 2  # 2: the fingerprint in the header, the listener's nonce in the hello
+VERSION = 3  # 2: the fingerprint in the header, the listener's nonce in the hello; 3: KIND_PROBE
 
 # kind (u8), dtype char (1 byte), magic (u16), reserved (u32), tag, seq, nbytes (u64 each),
 # the op's fingerprint (32 bytes)
@@ -29,9 +29,13 @@ KIND_DATA = 1
 KIND_GOODBYE = 2  # the peer is closing cleanly (destroy_process_group / exit)
 KIND_MISMATCH = 3  # the peer found a collective's fingerprints disagree (payload: NOTICE)
 KIND_PEER_LOST = 4  # the peer lost another rank (payload: LOST + the reason, utf-8)
+#: "I have waited a while in the collective of this tag, under this fingerprint" (no payload):
+#: lets ranks that disagree while every one of them only receives find it (see ``_match``)
+KIND_PROBE = 5
 KIND_CONTROL = 20  # fault tolerance: revoke and the agreement (payload: the SDK's message)
 KIND_HEARTBEAT = 21  # "still alive", no payload (procgroup_tcp._heartbeat)
-KINDS = frozenset((KIND_DATA, KIND_GOODBYE, KIND_MISMATCH, KIND_PEER_LOST, KIND_CONTROL, KIND_HEARTBEAT))
+KINDS = frozenset((KIND_DATA, KIND_GOODBYE, KIND_MISMATCH, KIND_PEER_LOST, KIND_PROBE, KIND_CONTROL,
+                   KIND_HEARTBEAT))
 LOST = struct.Struct("<q")
 MAX_LOST_BYTES = 4096
 
@@ -133,6 +137,7 @@ __all__ = [
     "KIND_HEARTBEAT",
     "KIND_MISMATCH",
     "KIND_PEER_LOST",
+    "KIND_PROBE",
     "LOST",
     "MAX_LOST_BYTES",
     "NONCE_SIZE",

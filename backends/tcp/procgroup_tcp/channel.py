@@ -94,6 +94,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._p2p: ShmP2P | None = None
         self._shm_out: dict[int, OutLink] = {}  # same-host peers whose messages go through shared memory
         self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post)
+        self._matcher.stalled = self._probe
         self._plan = Plan()  # which algorithm runs a collective over the sockets
         self._heartbeat: Heartbeat | None = None
         self._engine = Engine()  # who reads the sockets: waiting callers, else reader threads
@@ -212,6 +213,27 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
             return False
         self._ledger.mark_late(tag, self._mismatched(tag, entry[0], fp, src))
         return True
+
+    def _probe(self, req: PostedRecv) -> bool:
+        """A receive has waited a while: if it is a collective's, tell its sender the
+        fingerprint (False: a user's receive, nothing to compare)."""
+        fp = self._fps.get(req.tag)
+        peer = self._peers.get(req.src) if req.src is not None else None
+        if fp is None or peer is None:
+            return False
+        peer.send_probe(req.tag, fp)
+        return True
+
+    def fingerprint_probe(self, peer: Peer, tag: int, fp: bytes) -> None:
+        """``peer`` waits to receive in the collective of ``tag`` under ``fp``: a running or
+        finished collective of that tag with another fingerprint is a mismatch (one this
+        rank has not reached yet is not: the peer probes again)."""
+        expected = self._fps.get(tag)
+        if expected is not None:
+            if fp != expected:
+                self._mismatched(tag, expected, fp, peer.rank)
+        elif self._ledger.done:
+            self._late_frame(peer.rank, tag, fp)
 
     def _collective_ended(self, tag: int, fp: bytes) -> BaseException | None:
         """The collective of ``tag`` ended here: a frame of another op still queued under its
@@ -407,10 +429,8 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         req = self._matcher.post(view, src, tag, array.dtype, self._fps.get(tag), self._mismatched)
         if req.__class__ is not PostedRecv:  # served from the unexpected queue
             return int(req.result())
-        if not req.completed:
-            self._engine.drive(peer, req, _now() + self.timeout)  # type: ignore[arg-type]
-            if not req.completed:
-                req.timed_out(self.timeout, False)  # type: ignore[attr-defined]
+        if not req.completed and not self._matcher.settle(req, self.timeout):  # type: ignore[arg-type]
+            req.timed_out(self.timeout, False)  # type: ignore[attr-defined]
         if req.error is not None:  # type: ignore[attr-defined]
             raise fresh(req.error)  # type: ignore[attr-defined]
         return req.sender  # type: ignore[attr-defined,no-any-return]

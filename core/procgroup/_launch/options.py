@@ -100,6 +100,17 @@ class LaunchOptions:
             raise InvalidArgumentError(
                 "--keep-going and --max-restarts exclude each other: with --keep-going the survivors "
                 "go on after a failure, a restart would start every rank again")
+        if self.keep_going and self.mpiexec is not None:
+            # Refused here, before any rank starts: with MPICH's Hydra the first death ends the
+            # whole job anyway, and mpiexec's survivor-keeping flags (-disable-auto-cleanup,
+            # --with-ft ulfm) would leave survivors that can neither shrink nor finalize.
+            raise InvalidArgumentError(
+                "--keep-going does not work with --backend mpi: the mpi backend cannot let the "
+                "survivors of a death go on, because MPI's fault tolerance (ULFM) is not usable "
+                "with the MPI libraries procgroup was tested with (MPICH's ch4 device lacks it; "
+                "under Open MPI 5 the survivors never get through MPI_Finalize), so mpiexec ends "
+                "the whole job at the first death; use --backend tcp or --backend gloo with "
+                "--keep-going (docs/fault-tolerance.md, 'mpi')")
         if self.timeout is not None and not self.timeout > 0:
             raise InvalidArgumentError(f"--timeout must be > 0 seconds, got {self.timeout}")
         if not self.grace_period >= 0:

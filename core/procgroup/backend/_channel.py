@@ -32,12 +32,12 @@ import copy
 import itertools
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..algorithms import direct, ring, tree
 from ..errors import ChannelClosedError, PeerError, UnsupportedOperationError
 from ..ops import ReduceOp
-from . import _debug
+from . import _debug, _uniform
 from ._context import (
     COLLECTIVE_TAG_BASE,
     GROUP_P2P_TAG_BASE,
@@ -103,6 +103,11 @@ class DataChannel(abc.ABC):
     #: (docs/plugins.md, "Surviving a death"); "" when it can.
     shrink_unsupported: str = ""
     _survival: Survival | None = None
+    #: PROCGROUP_UNIFORM_FAILURE: every collective ends with the survivors' agreement
+    #: (procgroup.backend._uniform); the core then runs collectives through run_uniform
+    uniform_failure: bool = False
+    #: with uniform_failure: the number of the next collective on this channel
+    uniform_seq: int = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -130,6 +135,14 @@ class DataChannel(abc.ABC):
 
         return HashStore()
 
+    @classmethod
+    def check_settings(cls, options: Mapping[str, Any] | None) -> None:
+        """Refuse, before the rendezvous, a setting this backend cannot honour (a refusal
+        after it would leave the other ranks waiting): PROCGROUP_UNIFORM_FAILURE without
+        a control plane."""
+        if _uniform.wanted(options) and cls.do_control_send is DataChannel.do_control_send:
+            raise _uniform.refusal(cls)
+
     def __init__(self, ctx: ChannelContext) -> None:
         for op in POINT_TO_POINT:
             if self._forms.get(op, (False, False)) == (False, False):
@@ -145,6 +158,10 @@ class DataChannel(abc.ABC):
         self._failure: BaseException | None = None
         self._state_lock = threading.Lock()
         self._agreement = _debug.for_channel(self)
+        if _uniform.wanted(ctx.options):
+            if not self.survives:
+                raise _uniform.refusal(self)
+            self.uniform_failure = True
         #: channels riding on this one's control plane (sub-groups, gloo over its side
         #: channel), by control id, with this channel's rank -> theirs
         self._children: dict[int, tuple[DataChannel, dict[int, int]]] = {}
@@ -172,6 +189,11 @@ class DataChannel(abc.ABC):
     def run(self, op: str, *args: Any) -> Any:
         """Run ``op`` to completion (after the collectives still queued on the thread)."""
         return self.blocking(op)(*args)
+
+    def run_uniform(self, op: str, *args: Any) -> None:
+        """Run collective ``op`` so that it fails on every survivor or on none
+        (``uniform_failure``; procgroup.backend._uniform)."""
+        _uniform.run(self, op, args)
 
     def start(self, op: str, *args: Any) -> Work:
         """Start ``op`` and return its Work without waiting for it."""
@@ -434,8 +456,8 @@ class SubChannel(DataChannel):
     def __init__(self, parent: DataChannel, ranks: Sequence[int], ctx: ChannelContext) -> None:
         self.backend_name = parent.backend_name
         self.devices = parent.devices
+        self._parent = parent  # before the base's checks, which ask ``survives``
         super().__init__(ctx)
-        self._parent = parent
         self._ranks = tuple(ranks)
         self._index = {r: i for i, r in enumerate(self._ranks)}
         self._user_tag_base = GROUP_P2P_TAG_BASE + ctx.group_id * MAX_USER_TAG

@@ -99,9 +99,12 @@ class FileStore(Store):
             self.fresh = _JOB not in self._data  # this process created the file
             if self.fresh:
                 self._append(_SET, _JOB, f"{os.urandom(6).hex()} {time.time():.3f} {self.timeout:g}".encode())
+            # judged under the same lock as the open: what happens after it (a rendezvous
+            # that completes, a rank that exits) happens with this process in the file
+            self._leftover = None if self.fresh else self._judge_leftover()
             self._append(_SET, _OWNER + self._me, f"{time.time():.3f}".encode())
             self._append_counter(_USERS, 1)
-            self._opened_before = self._append_counter(_OPENED, 1) - 1
+            self._append_counter(_OPENED, 1)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._closed = False
@@ -113,19 +116,26 @@ class FileStore(Store):
             return self._data.get(_JOB, b"?").decode(errors="replace").split(" ")[0]
 
     def leftover(self) -> str | None:
-        """Why this file looks left over from an earlier job that is gone, or None.
+        """Why this file looked left over from an earlier job that is gone when this
+        process opened it, or None.
 
-        Asked by a process that just opened it to join a rendezvous: the file's
-        rendezvous had already completed (every rank arrived), or every process that
-        opened it before ran on this host and has exited, or its rendezvous deadline
-        (creation time + the creator's timeout) has passed.
+        Asked by a process that opened it to join a rendezvous: the file's rendezvous had
+        already completed (every rank that opened it before had arrived, and the last one
+        did not remove it), or every process that opened it before ran on this host and
+        had exited, or its rendezvous deadline (creation time + the creator's timeout) had
+        passed. Judged at the open, under the file's lock, so ranks of another group name
+        that finish meanwhile do not make a live file look left over.
         """
-        with self._locked(False):
-            job = self._data.get(_JOB, b"").decode(errors="replace").split(" ")
-            owners = {k[len(_OWNER):]: v for k, v in self._data.items()
-                      if k.startswith(_OWNER) and k[len(_OWNER):] != self._me}
-            arrived = parse_counter(_ARRIVED, self._data[_ARRIVED]) if _ARRIVED in self._data else 0
-        if not owners or self._opened_before == 0:
+        return self._leftover
+
+    def _judge_leftover(self) -> str | None:
+        """:meth:`leftover`'s verdict; the caller holds the file's lock, before its own entries."""
+        data = self._data
+        job = data.get(_JOB, b"").decode(errors="replace").split(" ")
+        owners = [k[len(_OWNER):] for k in data if k.startswith(_OWNER) and k[len(_OWNER):] != self._me]
+        arrived = parse_counter(_ARRIVED, data[_ARRIVED]) if _ARRIVED in data else 0
+        opened = parse_counter(_OPENED, data[_OPENED]) if _OPENED in data else 0
+        if not owners or opened == 0:
             return None
         job_id = job[0] if job and job[0] else "?"
         try:
@@ -138,7 +148,7 @@ class FileStore(Store):
         remote = sorted({o.rsplit("/", 1)[0] for o in owners if o.rsplit("/", 1)[0] != host})
         what = (f"job {job_id}, created {age:.1f}s ago, opened before by pid(s) {pids}"
                 + (f" and processes on {remote}" if remote else ""))
-        if arrived >= self._opened_before:
+        if arrived >= opened:
             why = f"its rendezvous completed ({arrived} rank(s) arrived) but the file was not removed"
         elif not remote and not any(_pid_alive(p) for p in pids):
             why = "every process that opened it has exited"
