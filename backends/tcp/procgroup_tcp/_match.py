@@ -194,7 +194,7 @@ class Matcher:
         self.wait_until: Callable[[Callable[[], bool], float], bool] | None = None
         self.wake: Callable[[], None] | None = None
         #: sockets only (no shared memory): a wait reads the frames itself, ``drive(req,
-        #: seconds) -> completed``, and ``is_completed`` reads what has arrived, ``poke(req)``
+        #: seconds) -> completed``, and ``is_completed`` sets the reader threads to work, ``poke(req)``
         self.drive: Callable[[PostedRecv, float], bool] | None = None
         self.poke: Callable[[PostedRecv], None] | None = None
         #: tag -> (the MismatchError of its collective, until when the tag stays dead)

@@ -119,14 +119,26 @@ class Engine:
                 gate.release()
 
     def _stand_back(self, peer: Peer) -> None:
-        """Park until no caller has read ``peer`` for ``quiet`` seconds (or a send blocks)."""
+        """Park until no caller has read ``peer`` for ``quiet`` seconds (or a send blocks).
+
+        Leaving is done under the gate: a caller that let go of the gate while this thread
+        was parked may have left whole frames in the buffer (``Peer.let_go``), which
+        ``poll`` would never report; they are dispatched here, before polling again."""
         cond, quiet, gate = self.cond, self.quiet, peer.gate
         with cond:
             while not (self.blocked_sends or self.stopped or peer.over or peer.closing):
                 if not gate.locked() and _now() - peer.driven_at >= quiet:
                     break
                 cond.wait(quiet)
-        peer.parked = False
+        # a caller that took the gate meanwhile keeps this thread parked (never wait for
+        # it: that would wake this thread as the caller lets go), unless it must read now
+        urgent = self.blocked_sends or self.stopped or peer.over or peer.closing
+        if gate.acquire(timeout=TICK_S) if urgent else gate.acquire(False):
+            try:
+                peer.drain_buffered()
+                peer.parked = False
+            finally:
+                gate.release()
 
     # ------------------------------------------------------------------ callers
     def drive(self, peer: Peer, req: Waiter, deadline: float) -> None:
@@ -158,7 +170,7 @@ class Engine:
                     else:
                         peer.read_frame(False)
             finally:
-                peer.drain_buffered()  # whole frames left in the buffer would wake nobody
+                peer.let_go()
                 peer.driven_at = _now()
                 gate.release()
 
@@ -172,12 +184,13 @@ class Engine:
             if not live:
                 time.sleep(min(remaining, GATE_SLICE_S))
                 continue
+            buffered = [(p.fileno, 0) for p in live if p.has_frame]  # poll cannot see those
             poller = select.poll()
             for p in live:
                 poller.register(p.fileno, _POLLIN)
             by_fd = {p.fileno: p for p in live}
             try:
-                ready = poller.poll(max(int(min(remaining, TICK_S) * 1000), 1))
+                ready = buffered or poller.poll(max(int(min(remaining, TICK_S) * 1000), 1))
             except (OSError, ValueError):
                 ready = [(p.fileno, 0) for p in live]  # a socket closed: reading it reports that
             while ready and not req.completed:
@@ -187,7 +200,7 @@ class Engine:
                         continue
                     try:
                         peer.read_frame(False)
-                        peer.drain_buffered()
+                        peer.let_go()
                     finally:
                         peer.driven_at = _now()
                         peer.gate.release()
@@ -198,21 +211,17 @@ class Engine:
                 except (OSError, ValueError):
                     break
 
-    def poke(self, peers: Sequence[Peer], req: Waiter) -> None:
-        """``is_completed``: read what has arrived from parked peers, never waiting for more
-        (a peer whose reader thread is active is read by that thread)."""
-        for peer in peers:
-            if not peer.parked or peer.over or not peer.gate.acquire(False):
-                continue
-            try:
-                while not req.completed and peer.read_frame(False) == FRAME:
-                    pass
-                peer.drain_buffered()
-            finally:
-                peer.driven_at = _now()
-                peer.gate.release()
-            if req.completed:
-                return
+    def poke(self, peers: Sequence[Peer]) -> None:
+        """``is_completed``: the parked reader threads of ``peers`` go back to work, so what
+        arrives lands while the caller does something else (MPI_Test's progress). Not read
+        here: a large payload in flight would hold the caller until all of it has come,
+        where a pipelined collective wants to send its next segment meanwhile."""
+        parked = [peer for peer in peers if peer.parked]
+        if parked:
+            with self.cond:
+                for peer in parked:
+                    peer.driven_at = 0.0
+                self.cond.notify_all()
 
 
 __all__ = ["FRAME", "GATE_SLICE_S", "LANDED", "NOTHING", "OVER", "QUIET_S", "TICK_S", "Engine", "Waiter"]

@@ -12,10 +12,11 @@ together (and any frames behind it), where reading the header and then the paylo
 cost two system calls per message (about 0.75 us of CPU each on the development
 host). Payloads are copied out of the buffer only for the part that came with a
 header; the rest of a large payload is read straight into its destination
-(``recv_into``, no copy). Rule: a reader leaves no whole header in the buffer when it
-lets go of the gate (:meth:`FrameReader.drain_buffered`), because nobody would be
-woken for it (``poll`` sees only the kernel's data); a partial one is fine, its rest
-is still to come from the kernel.
+(``recv_into``, no copy). Rule: whole frames left in the buffer wake nobody (``poll``
+sees only the kernel's data), so a caller letting go of the gate dispatches them, unless
+the reader thread is parked, which takes them in before it polls again
+(:meth:`FrameReader.let_go`); a partial frame is fine, its rest is still to come from
+the kernel.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ class FrameReader:
     timeout: float
     events: PeerEvents
     left: bool
+    parked: bool  # the reader thread stands back (``_progress``)
     _closing: bool
 
     def _init_reader(self, sock: socket.socket) -> None:
@@ -165,10 +167,25 @@ class FrameReader:
         except (OSError, ValueError):
             return True  # closed: reading reports it
 
+    @property
+    def has_frame(self) -> bool:
+        """A whole header is in the buffer (``poll`` does not see it: it is out of the kernel)."""
+        return self._end - self._start >= _HEADER_SIZE
+
     def drain_buffered(self) -> None:
-        """Dispatch the whole frames already in the buffer (before the gate is let go)."""
+        """Dispatch the whole frames already in the buffer."""
         while self._end - self._start >= _HEADER_SIZE and not self.over:
             self.read_frame(False)
+
+    def let_go(self) -> None:
+        """A caller is about to let go of the gate. Whole frames it leaves in the buffer
+        would wake nobody (``poll`` sees only the kernel's data), so they are dispatched
+        now, unless the reader thread is parked: it takes them in, under the gate, before
+        it polls again (``Engine._stand_back``), and a caller that comes back sooner reads
+        them straight from the buffer, the next message landing in its array instead of
+        going through the unexpected queue."""
+        if self._end - self._start >= _HEADER_SIZE and not self.parked:
+            self.drain_buffered()
 
     def receive_direct(self, into: memoryview, code: bytes, dtype: Any, tag: int,
                        check: Callable[[int], None]) -> None:
@@ -197,8 +214,7 @@ class FrameReader:
                                            f"{self.timeout}s", op="recv", ranks=[self.global_rank])
         finally:
             self.direct = _EMPTY  # the caller's array is not kept alive
-            if self._end - self._start >= _HEADER_SIZE:
-                self.drain_buffered()  # whole frames left in the buffer would wake nobody
+            self.let_go()
         if self.refused is not None:
             raise self.refused
 

@@ -161,8 +161,8 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         return req.completed
 
     def _poke(self, req: PostedRecv) -> None:
-        """``is_completed`` on the sockets: take in what has arrived, never wait."""
-        self._engine.poke(self._peer_list if req.src is None else (self._peers[req.src],), req)
+        """``is_completed`` on the sockets: the reader threads land what arrives."""
+        self._engine.poke(self._peer_list if req.src is None else (self._peers[req.src],))
 
     def _has_left(self, rank: int) -> bool:
         """The peer said goodbye (destroy_process_group); the arena's waits ask this."""
