@@ -8,16 +8,22 @@ is taken with ``perf_counter_ns``; one-way latency is half of it, as procgroup-b
 ``--mode thread`` adds what a design with a reader thread pays: both processes read
 on a second thread that hands each message to the main thread through a
 ``threading.Event`` (GIL and condition wake-up), which isolates that hand-off's cost.
+``--mode spin`` is the direct echo with the tcp backend's wait policy: each receive
+first ``poll``s the socket without a timeout for up to 100 us (its ``SPIN_S``), yielding
+the core between polls, then blocks; the floor for a caller that spins before it sleeps.
 Run from the repository root, any of the venvs::
 
     .venv/bin/python bench/socket_echo.py [--sizes 8,64K,4M] [--iters 2000] [--rounds 5]
     .venv/bin/python bench/socket_echo.py --mode thread
+    .venv/bin/python bench/socket_echo.py --mode spin
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
+import select
 import socket
 import statistics
 import threading
@@ -30,7 +36,17 @@ def _parse_size(text: str) -> int:
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
+SPIN_S = 100e-6
+_SPIN = False  # --mode spin (set in each process)
+
+
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    if _SPIN:  # watch the socket a while before blocking, as the tcp backend's waits do
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        end = time.perf_counter() + SPIN_S
+        while not poller.poll(0) and time.perf_counter() < end:
+            os.sched_yield()  # a process sharing this core runs meanwhile (it may be the sender)
     got = 0
     while got < view.nbytes:
         n = sock.recv_into(view[got:])
@@ -76,6 +92,8 @@ def _connect(port: int) -> socket.socket:
 
 
 def _echo(port: int, sizes: list[int], total_iters: list[int], mode: str) -> None:
+    global _SPIN
+    _SPIN = mode == "spin"
     sock = _connect(port)
     for nbytes, iters in zip(sizes, total_iters):
         if mode == "thread":
@@ -94,6 +112,8 @@ def _echo(port: int, sizes: list[int], total_iters: list[int], mode: str) -> Non
 
 def measure(sizes: list[int], iters: int, rounds: int, warmup: int, mode: str) -> dict[int, list[float]]:
     """Median one-way latency (us) of each round, per size."""
+    global _SPIN
+    _SPIN = mode == "spin"
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
@@ -139,9 +159,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument(
         "--mode",
-        choices=("direct", "thread"),
+        choices=("direct", "thread", "spin"),
         default="direct",
-        help="direct: the caller reads the socket; thread: a reader thread hands off",
+        help="direct: the caller reads the socket; thread: a reader thread hands off; spin: direct, "
+        "watching the socket up to 100 us before each blocking read",
     )
     args = parser.parse_args()
     sizes = [_parse_size(s) for s in args.sizes.split(",")]

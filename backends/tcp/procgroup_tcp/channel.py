@@ -54,8 +54,8 @@ from ._fingerprints import Fingerprinted, Ledger
 from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._p2p import OutLink, ShmP2P, open_p2p
-from ._progress import TICK_S, Engine
-from ._shm import SharedMemoryArena, all_on_one_host
+from ._progress import TICK_S, Engine, spin_seconds
+from ._shm import SharedMemoryArena, all_on_one_host, host_identity
 from ._wire import (
     KIND_CONTROL,
     KIND_MISMATCH,
@@ -102,10 +102,16 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._peer_list: list[Peer] = []
         if ctx.size == 1:
             return
+        on_host = f"tcp/ranks-on/{host_identity()}"
+        ctx.store.add(on_host, 1)  # before connect_mesh publishes this rank's address
         sockets = connect_mesh(ctx, host_address(ctx))
         for rank, sock in sockets.items():
             self._peers[rank] = Peer(rank, ctx.global_rank(rank), sock, ctx.timeout, self, self._engine)
         self._peer_list = list(self._peers.values())
+        # every peer has published its address, so every rank of this host has counted itself
+        spin = spin_seconds(ctx.store.add(on_host, 0))
+        for peer in self._peer_list:
+            peer.spin = spin
         self._matcher.drive = self._drive
         self._matcher.poke = self._poke
         #: a blocking receive reads its peer's frames itself (no shared-memory p2p, whose
