@@ -37,6 +37,34 @@ def _pattern(nbytes: int, seed: int) -> np.ndarray:
     return ((np.arange(nbytes, dtype=np.uint64) * 2654435761 + seed) % 251).astype(np.uint8)
 
 
+# ------------------------------------------------------------------ the ring itself
+def test_ring_records_of_every_length_land_at_every_offset() -> None:
+    """Records of lengths that leave 8 to 48 bytes before the ring's end (less than a
+    header: no room for a PAD there) are written and read back intact, wrap after wrap."""
+    import random
+
+    from procgroup_tcp._ring import CTRL_BYTES, K_EAGER, RingReader, RingWriter
+
+    capacity = 4096
+    buf = memoryview(bytearray(CTRL_BYTES + capacity))
+    writer, reader = RingWriter(buf, 0, capacity), RingReader(buf, 0, capacity)
+    rng = random.Random(5)
+    tails = set()
+    for i in range(5000):
+        n = rng.choice([0, 1, 7, 8, 9, 40, 100, 333, 1000, 1500])  # at most a third of the ring
+        payload = bytes([i % 251]) * n
+        need = writer.free_for(n)
+        assert need, f"record {i} of {n} bytes does not fit in an empty ring"
+        writer.write(K_EAGER, b"B", i, n, bytes(32), payload, need)
+        tails.add(capacity - (writer._tail % capacity or capacity))
+        assert reader.has_record()
+        kind, _, tag, nbytes, _, at, length = reader.next()
+        assert (kind, tag, nbytes, length) == (K_EAGER, i, n, n) and bytes(reader.data[at : at + length]) == payload
+        reader.consume(at, length)
+        assert not reader.has_record() and reader.head == writer._tail
+    assert 0 in tails and len(tails) > 100  # many offsets, the end of the ring among them
+
+
 # ------------------------------------------------------------------ every size, every path
 def _ring_exchange(rank: int, size: int) -> dict[str, Any]:
     """Each rank sends every size to the next rank and receives from the previous one."""
@@ -284,6 +312,46 @@ def _leave_after_sending(rank: int, size: int) -> dict[str, Any]:
 def test_a_departed_peer_s_last_messages_still_arrive() -> None:
     results = spawn(_leave_after_sending, 2, timeout=15.0)
     assert results[0] == {"data": True, "left": True}, results
+
+
+# ------------------------------------------------------------------ buffers let go
+def _buffers_let_go(rank: int, size: int) -> dict[str, Any]:
+    """Rank 0's large sends (send, and isend + wait) hold no reference to their buffer
+    once they returned: a rendezvous job stays in its acknowledgement slot, its buffer
+    must not (that held the last ACK_SLOTS large buffers of a link alive)."""
+    import gc
+    import weakref
+
+    import procgroup as pg
+
+    nbytes = 2 << 20
+    if rank == 1:
+        into = np.empty(nbytes, dtype=np.uint8)
+        ok = True
+        for seed in (1, 2):
+            pg.recv(into, 0)
+            ok = ok and bool(np.array_equal(into, _pattern(nbytes, seed)))
+        return {"data": ok}
+    released = {}
+    for seed, how in ((1, "send"), (2, "isend")):
+        buf = _pattern(nbytes, seed)
+        ref = weakref.ref(buf)
+        if how == "send":
+            pg.send(buf, 1)
+        else:
+            pg.isend(buf, 1).wait()
+        del buf
+        gc.collect()
+        released[how] = ref() is None
+    return {"released": released, "links": _links()}
+
+
+@pytest.mark.parametrize("cma", ["1", "0"])
+def test_a_finished_send_holds_no_reference_to_its_buffer(cma: str) -> None:
+    results = spawn(_buffers_let_go, 2, env={"PROCGROUP_TCP_SHM_CMA": cma}, timeout=30.0)
+    assert results[1] == {"data": True}, results
+    assert results[0]["released"] == {"send": True, "isend": True}, results
+    assert results[0]["links"] == {1: cma == "1"}, results  # the path under test was taken
 
 
 # ------------------------------------------------------------------ threads

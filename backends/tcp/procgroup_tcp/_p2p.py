@@ -89,6 +89,8 @@ _MAPPED = struct.Struct("<4sII")
 _NAME = re.compile(r"procgroup-p2p-[0-9]+-[0-9a-f]{32}")
 #: rendezvous buffers of sends a close left unacknowledged: a receiver may still read them
 _ORPHANS: list[memoryview] = []
+#: what an acknowledged rendezvous send holds instead of its buffer
+_NO_VIEW = memoryview(b"")
 
 
 def p2p_wanted(options: Mapping[str, Any] | None) -> bool:
@@ -163,7 +165,13 @@ class SendJob(Work):
             return False
         if not self.rts:
             return True
-        return self.link.writer.ack(self.rts_id % ACK_SLOTS) >> 2 == self.rts_id + 1  # 0: never acknowledged
+        if self.link.writer.ack(self.rts_id % ACK_SLOTS) >> 2 != self.rts_id + 1:  # 0: never acknowledged
+            return False
+        # the receiver has copied it: let go of the caller's buffer (rts_pending keeps this
+        # job until its slot comes round again, which would hold the memory of the last
+        # ACK_SLOTS large sends of the link alive)
+        self.view = _NO_VIEW
+        return True
 
     def fail(self, exc: BaseException) -> None:
         if not self.finished():

@@ -8,8 +8,10 @@ and read in full before the head moves past it: on x86-64 stores are seen in pro
 order (TSO), which is all this needs (the same rule the arena in ``_shm`` relies on).
 
 Records never wrap: one that does not fit before the end of the ring is preceded by a
-PAD record that sends the reader back to offset 0. Every field read from the ring is
-checked against the ring's own bounds before it is used (:class:`RingReader.next`).
+PAD record that sends the reader back to offset 0. A record that would leave less than a
+header before the end takes those last bytes too (writer and reader both skip them), so
+a PAD always has room. Every field read from the ring is checked against the ring's own
+bounds before it is used (:class:`RingReader.next`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,19 @@ def _span(reclen: int) -> int:
     return (reclen + 7) & ~7
 
 
+def _next_start(end: int, capacity: int) -> int:
+    """Where the record after one ending at offset ``end`` starts: the end of the ring
+    (offset 0 then) when fewer bytes than a header (a PAD's minimum) are left."""
+    return capacity if capacity - end < HEADER_BYTES else end
+
+
+def _layout(pos: int, span: int, capacity: int) -> tuple[bool, int]:
+    """(a PAD first, the bytes taken from ``pos`` on) of a record of ``span`` bytes."""
+    pad = pos + span > capacity
+    start = 0 if pad else pos
+    return pad, (capacity - pos if pad else 0) + _next_start(start + span, capacity) - start
+
+
 class RingCorrupt(ValueError):
     """A record that breaks the ring's rules: the peer (or the memory) cannot be trusted."""
 
@@ -66,10 +81,7 @@ class RingWriter:
 
     def free_for(self, payload: int) -> int:
         """The bytes this record would take (pad included) when it fits now, else 0."""
-        need = _span(HEADER_BYTES + payload)
-        pos = self._tail % self.capacity
-        if pos + need > self.capacity:
-            need += self.capacity - pos  # a PAD to the end first
+        _, need = _layout(self._tail % self.capacity, _span(HEADER_BYTES + payload), self.capacity)
         if self._tail + need - self._head > self.capacity:
             self._head = self._words[_HEAD_WORD]
             if self._tail + need - self._head > self.capacity:
@@ -82,7 +94,7 @@ class RingWriter:
         """Write one record of ``payload`` (``need`` from :meth:`free_for`) and publish it."""
         pos = self._tail % self.capacity
         data = self._data
-        if pos + _span(HEADER_BYTES + len(payload)) > self.capacity:
+        if _layout(pos, _span(HEADER_BYTES + len(payload)), self.capacity)[0]:
             RECORD.pack_into(data, pos, K_PAD, b"B", 0, self.capacity - pos, 0, 0, b"")
             pos = 0
         n = len(payload)
@@ -139,8 +151,8 @@ class RingReader:
 
     def consume(self, payload_at: int, payload_len: int) -> None:
         """The record whose payload starts at ``payload_at`` is done: give its space back."""
-        end = payload_at + payload_len
-        self.head += _span(end) - self.head % self.capacity
+        end = _next_start(_span(payload_at + payload_len), self.capacity)
+        self.head += end - self.head % self.capacity
         self._words[_HEAD_WORD] = self.head
 
     def ack(self, slot: int, value: int) -> None:

@@ -248,8 +248,12 @@ class Survival:
         others = self._live_others()
         if i not in self._queried:
             self._queried.add(i)
-            for r in others:
-                self._post(r, t="query", i=i)
+            # a coordinator that took over asks first (an earlier one may have decided);
+            # rank 0 never takes over from anyone, and every member sends it its
+            # contribution unasked, so it skips the question (half the messages)
+            if self.rank != 0:
+                for r in others:
+                    self._post(r, t="query", i=i)
         got = self._contribs.get(i, {})
         if any(r not in got for r in others):
             return

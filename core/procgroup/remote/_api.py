@@ -62,6 +62,11 @@ def init_master_worker(backend: str | None = None, init_method: str | None = Non
     _master.MASTER = Master(channel, infos, st.timeout, workers)
     if _master.teardown not in _state.teardown_hooks:
         _state.teardown_hooks.append(_master.teardown)
+    bad = [f"node {info['node']} (rank {info['node'] + 1}): {info['setting_error']}" for info in infos
+           if info.get("setting_error")]
+    if bad:  # end the job cleanly (the workers exit 0), then say why
+        _lifecycle.destroy_process_group()
+        raise InvalidArgumentError("init_master_worker: a worker's setting is invalid: " + "; ".join(bad))
 
 
 def _end_worker(code: int) -> None:
@@ -281,9 +286,19 @@ def synchronize(node: int | None = None) -> None:
 
 
 def memory_info(node: int | None = None) -> dict[str, int]:
-    """{"arrays": n, "bytes": b}: what ``node`` holds for the master (after its streams ran)."""
+    """{"arrays": n, "bytes": b, "cached_bytes": c}: the arrays ``node`` holds for the
+    master and their bytes (distinct buffers), and the bytes of freed blocks its cache
+    keeps for reuse (after its streams ran what was issued)."""
     link = master().link(node)
     return dict(link.request(lambda tag: ("mem", tag), "memory_info"))
+
+
+def empty_cache(node: int | None = None) -> None:
+    """Free the blocks that ``node``'s cache keeps for reuse, like torch.cuda.empty_cache
+    (arrays in use stay); after its streams ran what was issued, so arrays dropped before
+    the call are released too (if nothing there still uses them)."""
+    link = master().link(node)
+    link.request(lambda tag: ("empty_cache", tag), "empty_cache")
 
 
 # --------------------------------------------------------------------- across nodes
@@ -473,7 +488,7 @@ class Event:
 
 __all__ = [
     "Event", "RemoteArray", "RemoteValue", "Stream", "all_reduce", "arange", "broadcast", "current_node",
-    "current_stream", "default_stream", "empty", "empty_like", "full", "full_like", "init_master_worker",
-    "memory_info", "node", "num_nodes", "ones", "ones_like", "run", "run_async", "send", "set_node", "synchronize", "zeros",
-    "zeros_like",
+    "current_stream", "default_stream", "empty", "empty_cache", "empty_like", "full", "full_like",
+    "init_master_worker", "memory_info", "node", "num_nodes", "ones", "ones_like", "run", "run_async", "send",
+    "set_node", "synchronize", "zeros", "zeros_like",
 ]

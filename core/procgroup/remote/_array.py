@@ -304,10 +304,11 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
             src.flush()
             return out
         tag = P.transfer_tag(next(m.transfers))
-        _issue(m, src, "send_to", (), (), False, (Ref(self._id), dst.rank, tag))
-        _issue(m, dst, "recv_from", (out,), (), False, (self.shape, self.dtype.str, device, src.rank, tag))
-        src.flush()
-        dst.flush()
+        # both go at once from this thread (waking the flusher for them would only make it
+        # compete for the GIL on the copy's critical path)
+        src.issue_now(("send_to", m.stream_id(src.node), (), (), False, (Ref(self._id), dst.rank, tag)))
+        dst.issue_now(("recv_from", m.stream_id(dst.node), ((out._id, out.shape, out.dtype.str),), (), False,
+                       (self.shape, self.dtype.str, device, src.rank, tag)))
         return out
 
     def cuda(self, device: int = 0) -> RemoteArray:

@@ -77,7 +77,8 @@ class NodeLink:
             self.master.wake.set()
 
     def issue_now(self, cmd: tuple[Any, ...]) -> None:
-        """Issue and send at once (the caller waits for an answer next)."""
+        """Issue and send at once, without the flusher (the caller waits for an answer
+        next, or the command is on a transfer's critical path)."""
         with self.lock:
             self._drain_frees()  # frees of arrays dropped so far come before the request
             self.pending.append(cmd)

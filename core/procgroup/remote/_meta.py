@@ -446,8 +446,9 @@ def arange(start: Any, stop: Any = None, step: Any = None, dtype: Any = None) ->
 def full_dtype(fill_value: Any, dtype: Any) -> np.dtype:
     if isinstance(fill_value, AbstractArray):
         raise TypeError("full: fill_value must be a scalar or a local array, not a RemoteArray")
-    return np.full((0,), fill_value, dtype=dtype).dtype if dtype is not None or np.ndim(fill_value) == 0 \
-        else np.asarray(fill_value).dtype
+    # an empty array with the fill value's own shape last: NumPy's conversion errors, no cost
+    return np.full((0, *np.shape(fill_value)), fill_value, dtype=dtype).dtype \
+        if dtype is not None or np.ndim(fill_value) == 0 else np.asarray(fill_value).dtype
 
 
 __all__ = [

@@ -11,6 +11,10 @@ Small commands (the master marks them: a few KiB of data, no blocking) run on th
 dispatching thread itself when their stream is idle: a small op and its get() cost one
 message each way and no thread hand-off.
 
+Large host arrays come from a caching allocator (:mod:`._cache`): the memory of an array
+the master freed stays mapped for the next array of its size, once nothing here still
+uses it.
+
 A failed command records an :class:`ErrorInfo` on the arrays it would have written; a
 command reading such an array passes the error on instead of running; get() and the
 synchronizations report it to the master, which raises :class:`procgroup.RemoteError`.
@@ -33,9 +37,10 @@ from typing import Any
 import numpy as np
 
 from .. import _lifecycle, _ops
-from ..errors import CommTimeoutError, ProcGroupError
+from ..errors import CommTimeoutError, InvalidArgumentError, ProcGroupError
 from ..ops import ReduceOp
 from . import _protocol as P
+from ._cache import HostCache, cache_limit
 from ._protocol import ErrorInfo, Ref
 
 log = logging.getLogger(__name__)
@@ -94,6 +99,9 @@ class StreamThread:
             try:
                 worker.execute(job)
             finally:
+                # an idle stream holds no arrays: a freed array's block can go back to
+                # the cache (and its memory_info count drop) without waiting for the next job
+                job = None
                 self.done += 1
 
 
@@ -134,8 +142,9 @@ def _host(value: Any) -> np.ndarray:
 
 
 class Worker:
-    def __init__(self, node: int, rank: int, timeout: float, workers_group: Any) -> None:
+    def __init__(self, node: int, rank: int, timeout: float, workers_group: Any, cache_bytes: int = 0) -> None:
         self.node, self.rank, self.timeout = node, rank, timeout
+        self.cache = HostCache(cache_bytes)
         self.channel = _lifecycle.group_channel(None, "init_master_worker")
         self.slots: dict[int, Slot] = {}
         self.events: dict[int, WEvent] = {}
@@ -171,7 +180,7 @@ class Worker:
         P.send_array(self.channel, self.buf(), dst, tag, P.byte_view(host), rendezvous=True)
 
     def recv_array(self, src: int, tag: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | list[ErrorInfo]:
-        return recv_array(self.channel, self.buf(), src, tag, shape, dtype)
+        return recv_array(self.channel, self.buf(), src, tag, shape, dtype, self.cache.empty)
 
     def stream(self, sid: int) -> StreamThread:
         st = self.streams.get(sid)
@@ -314,11 +323,11 @@ class Worker:
         return 1
 
 
-def recv_array(channel: Any, buf: np.ndarray, src: int, tag: int, shape: tuple[int, ...],
-               dtype: np.dtype) -> np.ndarray | list[ErrorInfo]:
-    """Receive an array sent with send_payload or send_array (allocated once the header
-    said data is coming; for K_OK_READY its receive is posted before READY goes back),
-    or the sender's errors instead."""
+def recv_array(channel: Any, buf: np.ndarray, src: int, tag: int, shape: tuple[int, ...], dtype: np.dtype,
+               alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.empty) -> np.ndarray | list[ErrorInfo]:
+    """Receive an array sent with send_payload or send_array (allocated by ``alloc`` once
+    the header said data is coming; for K_OK_READY its receive is posted before READY goes
+    back), or the sender's errors instead."""
     channel.recv(buf, src, tag)
     kind, n = P.HEADER.unpack_from(buf, 0)
     if kind == P.K_ERR:
@@ -328,7 +337,7 @@ def recv_array(channel: Any, buf: np.ndarray, src: int, tag: int, shape: tuple[i
             channel.recv(rest, src, tag)
             payload += rest.tobytes()
         return [ErrorInfo(*t) for t in pickle.loads(payload)]
-    out = np.empty(shape, dtype)
+    out = alloc(shape, dtype)
     target = P.byte_view(out)
     if n != target.nbytes:
         raise ProcGroupError(f"master-worker protocol: expected {target.nbytes} bytes from rank {src}, got {n}")
@@ -360,8 +369,21 @@ def _op_name(job: Job) -> str:
 
 
 # --------------------------------------------------------------------- handlers
+#: constructors that may take a block from the cache (then filled as NumPy would)
+_CACHED_NEW = frozenset({"empty", "zeros", "ones", "full"})
+
+
 def _h_new(w: Worker, j: Job) -> None:
     name, fargs, fkwargs, device = j.args
+    if device < 0 and name in _CACHED_NEW:
+        shape, dtype = j.meta[0]  # the master's own prediction: the shape and dtype asked for
+        arr = w.cache.empty(shape, dtype, zero=name == "zeros")
+        if name == "ones":
+            np.copyto(arr, 1, casting="unsafe")  # what np.ones does after np.empty
+        elif name == "full":
+            np.copyto(arr, fargs[1], casting="unsafe")  # what np.full does after np.empty
+        w.store(j, arr, device)
+        return
     xp, ctx = _xp(device)
     with ctx:
         w.store(j, getattr(xp, name)(*fargs, **fkwargs), device)
@@ -550,7 +572,7 @@ def _h_wait_event(w: Worker, j: Job) -> None:
 
 
 def _h_mark(w: Worker, j: Job) -> None:
-    j.extra.set()
+    j.extra()
 
 
 def _h_ssync(w: Worker, j: Job) -> None:
@@ -603,6 +625,7 @@ def _m_free(w: Worker, ids: tuple[int, ...]) -> None:
     for i in ids:
         w.slots.pop(i, None)
         w.events.pop(i, None)
+    w.cache.collect()  # file the blocks these frees released now, so the limit holds now
 
 
 def _m_group(w: Worker, ranks: tuple[int, ...]) -> None:
@@ -612,16 +635,21 @@ def _m_group(w: Worker, ranks: tuple[int, ...]) -> None:
 
 
 def _when_drained(w: Worker, then: Callable[[], None]) -> None:
-    """Run ``then`` once every stream has run what was dispatched before now."""
+    """Run ``then`` once every stream has run what was dispatched before now: at once when
+    all are idle; on the stream itself when one is busy (no thread to start and wake on the
+    way to the reply, e.g. the synchronize after a ``.to()``); else on a waiter thread."""
     busy = [st for st in w.streams.values() if not st.idle]
     if not busy:
         then()
+        return
+    if len(busy) == 1:
+        busy[0].submit(Job("mark", busy[0].sid, [], (), [], [], None, then))
         return
     marks = []
     for st in busy:
         ev = threading.Event()
         marks.append(ev)
-        st.submit(Job("mark", st.sid, [], (), [], [], None, ev))
+        st.submit(Job("mark", st.sid, [], (), [], [], None, ev.set))
 
     def waiter() -> None:
         deadline = time.monotonic() + w.timeout
@@ -657,7 +685,15 @@ def _m_mem(w: Worker, tag: int) -> None:
             while getattr(base, "base", None) is not None and hasattr(base.base, "nbytes"):
                 base = base.base
             seen[id(base)] = int(base.nbytes)
-        w.reply(tag, {"arrays": arrays, "bytes": sum(seen.values())})
+        w.reply(tag, {"arrays": arrays, "bytes": sum(seen.values()), "cached_bytes": w.cache.cached_bytes()})
+
+    _when_drained(w, then)
+
+
+def _m_empty_cache(w: Worker, tag: int) -> None:
+    def then() -> None:
+        w.cache.release()
+        w.reply(tag, None)
 
     _when_drained(w, then)
 
@@ -714,8 +750,8 @@ def _m_bye(w: Worker, tag: int) -> bool:
 
 
 _MAIN: dict[str, Callable[..., Any]] = {
-    "free": _m_free, "group": _m_group, "sync": _m_sync, "mem": _m_mem, "squery": _m_squery,
-    "equery": _m_equery, "esync": _m_esync, "bye": _m_bye,
+    "free": _m_free, "group": _m_group, "sync": _m_sync, "mem": _m_mem, "empty_cache": _m_empty_cache,
+    "squery": _m_squery, "equery": _m_equery, "esync": _m_esync, "bye": _m_bye,
 }
 
 
@@ -736,9 +772,17 @@ def hello(node: int) -> dict[str, Any]:
 
 
 def serve_forever(node: int, rank: int, timeout: float, workers_group: Any) -> int:
-    """The worker's life after init: say hello, serve, return the exit status."""
-    w = Worker(node, rank, timeout, workers_group)
-    P.send_payload(w.channel, w.buf(), 0, P.HELLO_TAG, P.K_OK, P.dumps(hello(node)))
+    """The worker's life after init: say hello, serve, return the exit status.
+
+    A bad setting is reported in the hello (the master raises it at init, naming this
+    node); the worker then serves with the cache off until the master ends the job."""
+    info = hello(node)
+    try:
+        limit = cache_limit()
+    except InvalidArgumentError as exc:
+        limit, info["setting_error"] = 0, str(exc)
+    w = Worker(node, rank, timeout, workers_group, limit)
+    P.send_payload(w.channel, w.buf(), 0, P.HELLO_TAG, P.K_OK, P.dumps(info))
     return w.serve()
 
 
