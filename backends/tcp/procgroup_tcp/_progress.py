@@ -237,15 +237,17 @@ class Engine:
                     break
 
     def poke(self, peers: Sequence[Peer]) -> None:
-        """``is_completed``: the parked reader threads of ``peers`` go back to work, so what
-        arrives lands while the caller does something else (MPI_Test's progress). Not read
-        here: a large payload in flight would hold the caller until all of it has come,
-        where a pipelined collective wants to send its next segment meanwhile."""
-        parked = [peer for peer in peers if peer.parked]
+        """``is_completed``, and a wait for a large receive: the reader threads of ``peers``
+        go (or stay) at work, so what arrives lands while the caller does something else
+        (MPI_Test's progress). Not read here: a large payload in flight would hold the
+        caller until all of it has come, where a pipelined collective wants to send its
+        next segment meanwhile."""
+        parked = False
+        for peer in peers:
+            peer.driven_at = 0.0  # no caller reads it now: the thread must not stand back
+            parked = parked or peer.parked
         if parked:
             with self.cond:
-                for peer in parked:
-                    peer.driven_at = 0.0
                 self.cond.notify_all()
 
 

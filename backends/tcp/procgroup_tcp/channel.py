@@ -427,7 +427,8 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
                     m = self._matcher
                     if (not m.posted and not m.unexpected) or m.unclaimed(src, tag):  # type: ignore[arg-type]
                         dtype = array.dtype
-                        peer.receive_direct(view, DTYPE_CODES.get(dtype) or dtype_code(dtype), dtype, tag, self._may_post)
+                        code = DTYPE_CODES.get(dtype) or dtype_code(dtype)
+                        peer.receive_direct(view, code, dtype, tag, self._may_post)
                         return src  # type: ignore[return-value]
                 finally:
                     peer.driven_at = _now()
