@@ -11,14 +11,11 @@ tests/mw_cache_checks.py and print one JSON line of results.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from procgroup.testing._spawn import free_port
+from test_master_worker import launch as launch_job
 
 HERE = Path(__file__).parent
 CHECKS = HERE / "mw_cache_checks.py"
@@ -32,28 +29,9 @@ CACHE_CHECKS = ["reuse_only_when_no_view_is_alive", "a_run_function_that_kept_an
 
 def launch(script: Path, world: int, args: list[str], cache_bytes: str,
            timeout: float = JOB_TIMEOUT) -> list[tuple[int, str, str]]:
-    """``world`` ranks of ``script`` over env:// on this host; (exit, stdout, stderr) per rank."""
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                   RANK=str(rank), PYTHONUNBUFFERED="1", PROCGROUP_REMOTE_CACHE_BYTES=cache_bytes,
-                   MW_CACHE_BYTES=cache_bytes, MW_BACKEND="tcp")
-        env.pop("PROCGROUP_BACKEND", None)
-        env.setdefault("PROCGROUP_TIMEOUT", "60")
-        procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL))
-    out = []
-    try:
-        for p in procs:
-            so, se = p.communicate(timeout=timeout)
-            out.append((p.returncode, so, se))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return out
+    """test_master_worker's launcher, with the cache limit set on every rank."""
+    env = {"PROCGROUP_REMOTE_CACHE_BYTES": cache_bytes, "MW_CACHE_BYTES": cache_bytes, "MW_BACKEND": "tcp"}
+    return launch_job(script, world, args, env=env, timeout=timeout)
 
 
 def results_of(ranks: list[tuple[int, str, str]]) -> dict[str, str | None]:
