@@ -13,8 +13,8 @@ Who may read a peer's socket is decided by its ``gate``, a lock held for whole f
 caller for it (waking on every frame and contending for the GIL was what made an
 earlier try slower): when it finds the gate held, or a caller that read within
 ``quiet`` seconds, it parks on the engine's condition and looks again every ``quiet``
-seconds (0.5 ms), so ranks exchanging messages back to back see it wake about 2000
-times a second, not once per frame (100 000 times). Nothing is stranded when data arrives just as the caller
+seconds, so ranks exchanging messages back to back see it wake a few hundred times a
+second, not once per frame. Nothing is stranded when data arrives just as the caller
 leaves: the parked thread looks again within ``quiet`` (or the next caller reads it).
 
 Sends: a send that does not go out at once (the peer's kernel buffer is full) unparks
@@ -46,10 +46,7 @@ FRAME, NOTHING, OVER, LANDED = 1, 0, -1, 2
 #: or a write looks up this often (a receive failed by another thread, a deadline).
 TICK_S = 0.01
 #: A peer's reader thread stays parked this long after a caller last read that peer.
-#: 2 ms was tried: a 4 MiB broadcast over the sockets right after a barrier then took
-#: 0.98 ms (median, quiet host) against 0.70 ms with 0.5 ms and 0.74-0.80 ms on main;
-#: 8 B ping-pong was level within the noise (6.3 and 6.7 us).
-QUIET_S = 0.0005
+QUIET_S = 0.002
 #: A caller waiting for a gate another thread holds looks at its receive this often.
 GATE_SLICE_S = 0.001
 #: A blocking read first watches the socket this long (``FrameReader._spin_then_read``):
