@@ -34,8 +34,11 @@ from ._wire import check_size
 PROBE_AFTER = 0.02
 #: the longest interval between two probes of one waiting receive
 PROBE_EVERY = 1.0
-#: a wait on the sockets for a receive at least this large lets the reader thread land it
+#: a wait on the sockets for a receive at least this large, with more receives posted
+#: behind it, lets the reader thread land it (``Matcher._await_reader``) ...
 READER_RECV_BYTES = 256 * 1024
+#: ... and so does a lone receive at least this large
+LONE_READER_RECV_BYTES = 1 << 20
 
 
 class PostedRecv(Work):
@@ -302,7 +305,9 @@ class Matcher:
             return wait_until(req.is_done, timeout)
         drive = self.drive
         if drive is not None:
-            if req.view.nbytes >= READER_RECV_BYTES and self.poke is not None:
+            nbytes = req.view.nbytes
+            if nbytes >= READER_RECV_BYTES and self.poke is not None and (
+                    nbytes >= LONE_READER_RECV_BYTES or len(self.posted) > 1):
                 return self._await_reader(req, timeout)
             return drive(req, timeout)
         deadline = time.monotonic() + timeout  # no transport to read (a channel of one)
@@ -311,11 +316,15 @@ class Matcher:
         return req.completed
 
     def _await_reader(self, req: PostedRecv, timeout: float) -> bool:
-        """A large receive waits for the reader thread to land it (``poke`` sets it to work)
-        instead of reading on the caller's thread: the thread streams frame after frame
-        with no gap between them, the hand-off is nothing next to the transfer, and a
-        caller reading each frame itself left gaps that cost a 64 MiB broadcast over the
-        sockets 15 % (the sender waited on the drained window)."""
+        """A large receive with more posted behind it (a pipelined collective's segments)
+        waits for the reader thread to land it (``poke`` sets it to work) instead of
+        reading on the caller's thread: the thread streams frame after frame with no gap
+        between them, and the hand-off is nothing next to the transfer. A caller reading
+        each segment itself left gaps that cost a 64 MiB broadcast over the sockets 15 %
+        (the sender burnt more CPU on a window drained in bursts). So is a lone receive of
+        1 MiB or more (a 64 MiB ping-pong read by its callers took 37-46 ms against 27-28);
+        a smaller lone one is read by its caller: waking a parked reader thread first
+        costs one more wake-up (a 256 KiB ping-pong took 25 % longer that way)."""
         event = req.event
         if event is None:
             event = req.event = threading.Event()  # before ``completed`` is looked at
@@ -383,5 +392,5 @@ class Matcher:
             ux.fail(exc)
 
 
-__all__ = ["DEAD_TAG_SECONDS", "DISCARD", "PROBE_AFTER", "PROBE_EVERY", "READER_RECV_BYTES", "Discard", "Matcher",
-           "PostedRecv", "Unexpected", "check_size"]
+__all__ = ["DEAD_TAG_SECONDS", "DISCARD", "PROBE_AFTER", "PROBE_EVERY", "READER_RECV_BYTES", "LONE_READER_RECV_BYTES",
+           "Discard", "Matcher", "PostedRecv", "Unexpected", "check_size"]
