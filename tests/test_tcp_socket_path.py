@@ -98,7 +98,7 @@ def _thresholds(rank: int, size: int) -> dict[str, Any]:
     counts = sorted(
         {n for key in ("ring_min_bytes", "reduce_chain_min_bytes") for n in _around(plan[key])}
         | ({*_around(plan["broadcast_chain_min_bytes"])} if plan["broadcast_chain_min_bytes"] < 1 << 30 else set())
-        | {1, 100}
+        | {1, 100, 3 * (1 << 17) + 5}  # 3 MiB + 40 B: the ring's chunks cut in several segments
     )
     return {"plan": plan, "counts": counts, "wrong": _check_all(rank, size, counts)}
 
@@ -109,6 +109,24 @@ def test_measured_thresholds_both_sides(size: int) -> None:
     for rank, result in enumerate(results):
         assert result["wrong"] == [], f"rank {rank}: {result['wrong'][:5]}"
         assert result["plan"]["ring_min_bytes"] // 8 in result["counts"], result
+
+
+def test_pipelines_cut_finer_on_more_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three or more ranks keep several segments in flight per stage; two ranks, or a
+    segment set by hand, keep the one size."""
+    from procgroup_tcp import _collectives as c
+
+    monkeypatch.delenv("PROCGROUP_TCP_SEGMENT_BYTES", raising=False)
+    plan = c.Plan()
+    assert plan.ring_segment(4 << 20, 8) == (4 << 20) // 8 // c.RING_SEGMENTS_PER_CHUNK
+    assert plan.ring_segment(64 << 20, 8) == c.SEGMENT_BYTES
+    assert plan.ring_segment(1 << 20, 8) == c.MIN_SEGMENT_BYTES
+    assert plan.ring_segment(4 << 20, 2) == c.SEGMENT_BYTES
+    assert plan.chain_segment(4 << 20, 8) == -(-(4 << 20) // (c.CHAIN_SEGMENTS_PER_HOP * 7))
+    assert plan.chain_segment(4 << 20, 2) == c.SEGMENT_BYTES
+    monkeypatch.setenv("PROCGROUP_TCP_SEGMENT_BYTES", "65536")
+    assert c.Plan().ring_segment(4 << 20, 8) == 65536
+    assert c.Plan().chain_segment(4 << 20, 8) == 65536
 
 
 def _straddle(rank: int, size: int) -> list[str]:
