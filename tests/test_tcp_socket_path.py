@@ -119,10 +119,11 @@ def test_pipelines_cut_finer_on_more_ranks(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("PROCGROUP_TCP_SEGMENT_BYTES", raising=False)
     plan = c.Plan()
     assert plan.ring_segment(4 << 20, 8) == (4 << 20) // 8 // c.RING_SEGMENTS_PER_CHUNK
-    assert plan.ring_segment(64 << 20, 8) == c.SEGMENT_BYTES
+    assert plan.ring_segment(64 << 20, 8) == c.MULTI_SEGMENT_BYTES
     assert plan.ring_segment(1 << 20, 8) == c.MIN_SEGMENT_BYTES
     assert plan.ring_segment(4 << 20, 2) == c.SEGMENT_BYTES
-    assert plan.chain_segment(4 << 20, 8) == -(-(4 << 20) // (c.CHAIN_SEGMENTS_PER_HOP * 7))
+    assert plan.chain_segment(4 << 20, 8) == c.MULTI_SEGMENT_BYTES
+    assert plan.chain_segment(2 << 20, 8) == -(-(2 << 20) // (c.CHAIN_SEGMENTS_PER_HOP * 7))
     assert plan.chain_segment(4 << 20, 2) == c.SEGMENT_BYTES
     monkeypatch.setenv("PROCGROUP_TCP_SEGMENT_BYTES", "65536")
     assert c.Plan().ring_segment(4 << 20, 8) == 65536

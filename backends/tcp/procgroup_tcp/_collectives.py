@@ -35,15 +35,18 @@ BROADCAST_CHAIN_MIN_BYTES = {2: 1 << 20, 3: 2 << 20}
 #: reduce: the chain from this size. Measured: 2 ranks, the tree to 1 MiB, the chain at
 #: 4 MiB; 4 ranks, level at 64 KiB, the chain 1.2x ahead at 256 KiB and 2x at 1 MiB.
 REDUCE_CHAIN_MIN_BYTES = {2: 2 << 20, 3: 256 * 1024}
-#: The largest segment of the pipelines: big enough to amortise a frame, small enough to
-#: overlap (512 KiB to 2 MiB measured level within the noise on 2 ranks).
+#: The segment of the pipelines on two ranks: big enough to amortise a frame, small
+#: enough to overlap (512 KiB to 2 MiB measured level within the noise).
 SEGMENT_BYTES = 1 << 20
-#: A pipeline cuts its stages finer, down to this size, so that several segments are in
-#: flight: a ring step's chunk into RING_SEGMENTS_PER_CHUNK, a chain's array into
-#: CHAIN_SEGMENTS_PER_HOP per hop. Measured on 8 simulated hosts (1 Gbit/s, 0.1 ms): the
-#: 4 MiB all_reduce's 512 KiB chunks as one segment each (store and forward at every step)
-#: reached 102 MB/s bus bandwidth, cut in two 112 MB/s, in four the same; the 4 MiB chain
-#: broadcast took 91 ms in 1 MiB segments, 53 ms in 14 (torch gloo: 209 ms).
+#: On three or more ranks a pipeline keeps several segments in flight per stage (a ring
+#: step's chunk in RING_SEGMENTS_PER_CHUNK, a chain's array in CHAIN_SEGMENTS_PER_HOP per
+#: hop), each from MIN_SEGMENT_BYTES to MULTI_SEGMENT_BYTES. Measured on 8 simulated hosts
+#: (1 Gbit/s, 0.1 ms; torch gloo 117-118 MB/s in the same runs): all_reduce 4 MiB, whose
+#: 512 KiB chunks went as one segment each, 102 MB/s bus bandwidth, in two 112 MB/s, in
+#: four the same; 64 MiB in 1 MiB segments 110-113 MB/s, 512 KiB 114-115, 256 and 128 KiB
+#: 117-118; the 4 MiB chain broadcast 91 ms in 1 MiB segments, 53 ms in 14 (gloo 209 ms).
+#: On 4 hosts 256 KiB and 1 MiB were level.
+MULTI_SEGMENT_BYTES = 256 * 1024
 MIN_SEGMENT_BYTES = 128 * 1024
 RING_SEGMENTS_PER_CHUNK = 2
 CHAIN_SEGMENTS_PER_HOP = 2
@@ -77,13 +80,13 @@ class Plan:
 
     def segment_for(self, size: int, stage_bytes: int, pieces: int) -> int:
         """The segment for a pipeline stage of ``stage_bytes`` that should travel in at
-        least ``pieces`` segments. Two ranks keep the largest one: their pipeline has a
-        single hop and no gaps between steps to hide, and on one host the finer cut only
-        cost CPU (1 MiB all_reduce 0.52-0.99 ms against 0.50-0.56 ms). So does a segment
-        set by hand (PROCGROUP_TCP_SEGMENT_BYTES)."""
+        least ``pieces`` segments. Two ranks keep SEGMENT_BYTES: their pipeline has one hop
+        and no gaps between steps to hide, and on one host a finer cut only cost CPU (1 MiB
+        all_reduce 0.52-0.99 ms against 0.50-0.56 ms). A segment set by hand
+        (PROCGROUP_TCP_SEGMENT_BYTES) is used as it is."""
         if self.segment_fixed or size <= 2:
             return self.segment
-        return min(self.segment, max(MIN_SEGMENT_BYTES, -(-stage_bytes // pieces)))
+        return min(MULTI_SEGMENT_BYTES, max(MIN_SEGMENT_BYTES, -(-stage_bytes // pieces)))
 
     def ring_segment(self, nbytes: int, size: int) -> int:
         return self.segment_for(size, -(-nbytes // size), RING_SEGMENTS_PER_CHUNK)
@@ -128,7 +131,7 @@ class Plan:
             "reduce_chain_min_bytes": self._chain(REDUCE_CHAIN_MIN_BYTES, size),
             "segment_bytes": self.segment,
             "segment_fixed": self.segment_fixed,
-            "min_segment_bytes": self.segment if self.segment_fixed else min(self.segment, MIN_SEGMENT_BYTES),
+            "multi_segment_bytes": self.segment if self.segment_fixed else MULTI_SEGMENT_BYTES,
         }
 
 
@@ -138,6 +141,7 @@ __all__ = [
     "RING_MIN_BYTES",
     "CHAIN_SEGMENTS_PER_HOP",
     "MIN_SEGMENT_BYTES",
+    "MULTI_SEGMENT_BYTES",
     "RING_SEGMENTS_PER_CHUNK",
     "SCRATCH_KEEP_BYTES",
     "SEGMENT_BYTES",
