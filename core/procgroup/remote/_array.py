@@ -305,10 +305,11 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
             return out
         tag = P.transfer_tag(next(m.transfers))
         # both go at once from this thread (waking the flusher for them would only make it
-        # compete for the GIL on the copy's critical path)
-        src.issue_now(("send_to", m.stream_id(src.node), (), (), False, (Ref(self._id), dst.rank, tag)))
+        # compete for the GIL on the copy's critical path); the receiver's first, so that it
+        # is already waiting when the sender's header comes and answers READY at once
         dst.issue_now(("recv_from", m.stream_id(dst.node), ((out._id, out.shape, out.dtype.str),), (), False,
                        (self.shape, self.dtype.str, device, src.rank, tag)))
+        src.issue_now(("send_to", m.stream_id(src.node), (), (), False, (Ref(self._id), dst.rank, tag)))
         return out
 
     def cuda(self, device: int = 0) -> RemoteArray:
