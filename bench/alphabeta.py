@@ -10,13 +10,21 @@ variant, all_reduce and broadcast). Each all_reduce point is written as
 
 * recursive doubling (small): ``a = b/S = log2(p) (+2 when n is not a power of 2)``
 * pipelined ring (large): ``a = 2(n-1)``, ``b = 2(n-1)/n * S``
-* broadcast, binomial tree (small; every size on 3+ ranks): see :func:`tree_bcast_terms`
-* broadcast, segmented chain (large, 2 ranks): ``a = n-1``, ``b = S + (n-2) * segment``
+* broadcast, binomial tree (small): see :func:`tree_bcast_terms`
+* broadcast, segmented chain (large): ``a = n-1``, ``b = S + (n-2) * segment``, the
+  segment as procgroup picks it (:func:`chain_segment`)
 
-``--algorithms`` says which thresholds the measured code had: ``current`` (issue 15's
-socket path: backends/tcp/procgroup_tcp/_collectives.py) or ``a78d30d`` (before it:
-recursive doubling to 64 KiB, then the ring; the tree for every broadcast);
-``--chain-min-bytes`` repeats a run's PROCGROUP_TCP_CHAIN_MIN_BYTES.
+The ring's terms do not depend on its segment, and the chain's charge alpha per hop,
+not per segment: the model does not show what a smaller segment costs in frames.
+
+``--algorithms`` says which thresholds and segments the measured code had: ``current``
+(backends/tcp/procgroup_tcp/_collectives.py today: the ring from 256 KiB on 4+ ranks,
+the chain from 2 MiB on 3+, segments of 128-256 KiB on 3+ ranks), ``9563ad5`` (issue
+15's socket path as first merged: the ring from 2 MiB on 4+ ranks, the chain on 2 ranks
+only, 1 MiB segments everywhere) or ``a78d30d`` (before it: recursive doubling to
+64 KiB, then the ring; the tree for every broadcast); ``--chain-min-bytes`` and
+``--segment-bytes`` repeat a run's PROCGROUP_TCP_CHAIN_MIN_BYTES and
+PROCGROUP_TCP_SEGMENT_BYTES.
 
 and alpha, beta come from least squares on the relative error (every row divided by its
 measured time, so 8 B and 64 MiB weigh alike). ``--local``: runs on one host (any
@@ -34,6 +42,7 @@ whichever is slower. Printed as Markdown tables for docs/performance.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from collections.abc import Iterable
@@ -42,7 +51,15 @@ from typing import Any
 
 import numpy as np
 
+# The pipelines' segment, mirrored from backends/tcp/procgroup_tcp/_collectives.py (this
+# script imports nothing from procgroup): SEGMENT_BYTES on 2 ranks; on 3 or more
+# (Plan.segment_for, Plan.chain_segment) the chain's array cut in CHAIN_SEGMENTS_PER_HOP
+# segments per hop, each held to MIN_SEGMENT_BYTES..MULTI_SEGMENT_BYTES. The ring's
+# segment (RING_SEGMENTS_PER_CHUNK there) is not mirrored: its terms do not use it.
 SEGMENT_BYTES = 1 << 20  # procgroup_tcp._collectives.SEGMENT_BYTES
+MULTI_SEGMENT_BYTES = 256 * 1024  # procgroup_tcp._collectives.MULTI_SEGMENT_BYTES
+MIN_SEGMENT_BYTES = 128 * 1024  # procgroup_tcp._collectives.MIN_SEGMENT_BYTES
+CHAIN_SEGMENTS_PER_HOP = 2  # procgroup_tcp._collectives.CHAIN_SEGMENTS_PER_HOP
 NEVER = float(1 << 62)
 
 
@@ -55,6 +72,8 @@ class Selection:
         int, float
     ]  # all_reduce: the ring from this size (by the largest key <= n)
     chain_min: dict[int, float]  # broadcast: the chain from this size
+    # every pipeline's segment, or None for procgroup's rule (see chain_segment)
+    segment: int | None = None
 
     @staticmethod
     def _by_n(table: dict[int, float], n: int) -> float:
@@ -68,8 +87,15 @@ class Selection:
 
 
 SELECTIONS = {
-    "a78d30d": Selection("a78d30d", {1: 64 * 1024 + 1}, {1: NEVER}),
-    "current": Selection("current", {1: 1 << 20, 4: 2 << 20}, {1: 1 << 20, 3: NEVER}),
+    "a78d30d": Selection("a78d30d", {1: 64 * 1024 + 1}, {1: NEVER}, SEGMENT_BYTES),
+    "9563ad5": Selection(
+        "9563ad5", {1: 1 << 20, 4: 2 << 20}, {1: 1 << 20, 3: NEVER}, SEGMENT_BYTES
+    ),
+    # procgroup_tcp._collectives.RING_MIN_BYTES and BROADCAST_CHAIN_MIN_BYTES (be2e4ff),
+    # segments by the rule of f4059f6 and cf55d87
+    "current": Selection(
+        "current", {1: 1 << 20, 4: 256 * 1024}, {1: 1 << 20, 3: 2 << 20}
+    ),
 }
 GOODPUT = 1448 / 1514  # TCP payload per 1500-MTU Ethernet frame, timestamps on
 
@@ -160,14 +186,29 @@ def tree_bcast_terms(n: int, nbytes: float) -> tuple[float, float]:
     return max(done.values(), key=lambda t: (t[1], t[0]))
 
 
-def chain_bcast_terms(n: int, nbytes: float) -> tuple[float, float]:
+def chain_segment(n: int, nbytes: float, fixed: int | None = None) -> float:
+    """The segment of procgroup's chain (``Plan.chain_segment``): ``fixed`` when set (a
+    PROCGROUP_TCP_SEGMENT_BYTES, or the 1 MiB of the code before f4059f6); else 1 MiB on
+    2 ranks, and on 3 or more the array / (2 (n-1)), held to 128-256 KiB."""
+    if fixed is not None:
+        return fixed
+    if n <= 2:
+        return SEGMENT_BYTES
+    pieces = CHAIN_SEGMENTS_PER_HOP * (n - 1)
+    return min(MULTI_SEGMENT_BYTES, max(MIN_SEGMENT_BYTES, math.ceil(nbytes / pieces)))
+
+
+def chain_bcast_terms(
+    n: int, nbytes: float, segment: int | None = None
+) -> tuple[float, float]:
     """procgroup's segmented chain: n-1 hops, the array once plus n-2 segments in flight."""
-    return n - 1, nbytes + (n - 2) * min(SEGMENT_BYTES, nbytes)
+    seg = chain_segment(n, nbytes, segment)
+    return n - 1, nbytes + (n - 2) * min(seg, nbytes)
 
 
 def bcast_terms(n: int, nbytes: float, sel: Selection) -> tuple[float, float, str]:
     if sel.chain(n, nbytes):
-        return (*chain_bcast_terms(n, nbytes), "chain")
+        return (*chain_bcast_terms(n, nbytes, sel.segment), "chain")
     return (*tree_bcast_terms(n, nbytes), "binomial tree")
 
 
@@ -297,7 +338,8 @@ def predict(
                 print(
                     f"| {n} | {fmt_size(s)} | {ar[2]} | {t(ar)} | {t(rd_terms(n, s))} | {t(ring_terms(n, s))} | "
                     f"{t(rabenseifner_terms(n, s))} | {bc[2]} | {t(bc)} | {t(tree_bcast_terms(n, s))} | "
-                    f"{t(chain_bcast_terms(n, s))} | {t(scatter_allgather_bcast_terms(n, s))} |"
+                    f"{t(chain_bcast_terms(n, s, sel.segment))} | "
+                    f"{t(scatter_allgather_bcast_terms(n, s))} |"
                 )
         for n in (64, 1024):
             a_rd, b_rd = rd_terms(n, 1.0)
@@ -347,18 +389,31 @@ def main() -> None:
         "--algorithms",
         choices=sorted(SELECTIONS),
         default="current",
-        help="the thresholds of the code that was measured (current)",
+        help="the thresholds and segments of the code that was measured (current)",
     )
     p.add_argument(
         "--chain-min-bytes", type=float, help="PROCGROUP_TCP_CHAIN_MIN_BYTES of the run"
     )
+    p.add_argument(
+        "--segment-bytes",
+        type=int,
+        help="PROCGROUP_TCP_SEGMENT_BYTES of the run (every pipeline's segment)",
+    )
     args = p.parse_args()
     sel = SELECTIONS[args.algorithms]
     if args.chain_min_bytes is not None:
-        sel = Selection(
-            f"{sel.name}, chain from {fmt_size(args.chain_min_bytes)}",
-            sel.ring_min,
-            {1: args.chain_min_bytes},
+        sel = dataclasses.replace(
+            sel,
+            name=f"{sel.name}, chain from {fmt_size(args.chain_min_bytes)}",
+            chain_min={1: args.chain_min_bytes},
+        )
+    if args.segment_bytes is not None:
+        if args.segment_bytes < 1:
+            p.error("--segment-bytes: a segment needs at least one byte")
+        sel = dataclasses.replace(
+            sel,
+            name=f"{sel.name}, {fmt_size(args.segment_bytes)} segments",
+            segment=args.segment_bytes,
         )
     delay = args.sim_delay_us * 1e-6
     alpha, _beta = report_sim(load(args.sim), delay, sel)

@@ -5,7 +5,7 @@
 #   sudo scripts/simcluster-bench.sh [OUTDIR]          # default OUTDIR: simcluster-bench-out
 #
 # Needs root (network namespaces), /dev/net/tun, iproute2 and a venv with torch: .venv313
-# (torch 2.15, scripts/setup-dev.sh) or .venv-bench (torch 2.13, scripts/setup-bench-venv.sh). It measures this checkout (PYTHONPATH
+# (torch 2.15, or 2.14.1 where a pip cap holds it back; scripts/setup-dev.sh) or .venv-bench (torch 2.13, scripts/setup-bench-venv.sh). It measures this checkout (PYTHONPATH
 # points at its core/ and backends/). Environment overrides, with their defaults:
 #   HOSTS="4 8"  RATE=1gbit  DELAY=0.1ms  OPS=all_reduce,broadcast  SIZES=8,64K,4M,64M
 #   COMPARE=torch  ROUNDS=3  PY=.venv313/bin/python (else .venv-bench's)
@@ -22,7 +22,7 @@ SIZES=${SIZES:-8,64K,4M,64M}
 COMPARE=${COMPARE:-torch}
 ROUNDS=${ROUNDS:-3}
 # the torch baseline is the newest torch that installs: .venv313's (scripts/setup-dev.sh
-# puts torch 2.15 there), else .venv-bench's torch 2.13 CPU
+# puts the newest torch that installs there: 2.15, or 2.14.1 under a pip cap), else .venv-bench's torch 2.13 CPU
 if [ -z "${PY:-}" ]; then
   for cand in "$ROOT/.venv313/bin/python" "$ROOT/.venv-bench/bin/python"; do
     if [ -x "$cand" ] && "$cand" -c 'import torch' >/dev/null 2>&1; then PY=$cand; break; fi
