@@ -44,7 +44,7 @@ SEGMENT_BYTES = 1 << 20
 #: (1 Gbit/s, 0.1 ms; torch gloo 117-118 MB/s in the same runs): all_reduce 4 MiB, whose
 #: 512 KiB chunks went as one segment each, 102 MB/s bus bandwidth, in two 112 MB/s, in
 #: four the same; 64 MiB in 1 MiB segments 110-113 MB/s, 512 KiB 114-115, 256 and 128 KiB
-#: 117-118; the 4 MiB chain broadcast 91 ms in 1 MiB segments, 53 ms in 14 (gloo 209 ms).
+#: 117-118; the 4 MiB chain broadcast 91 ms in 1 MiB segments, 53 ms in 256 KiB (gloo 209 ms).
 #: On 4 hosts 256 KiB and 1 MiB were level.
 MULTI_SEGMENT_BYTES = 256 * 1024
 MIN_SEGMENT_BYTES = 128 * 1024
