@@ -37,6 +37,17 @@ def gloo_engine_env(engine: str) -> dict[str, str]:
     return {"PROCGROUP_GLOO_ENGINE": engine}
 
 
+def require_mpi() -> None:
+    """The mpi backend with an mpiexec to start it: scripts/setup-dev.sh installs
+    procgroup-mpi[mpich] (mpi4py and MPICH's mpiexec) on every leg, so nothing here skips."""
+    for module in ("mpi4py", "procgroup_mpi"):
+        assert importlib.util.find_spec(module) is not None, (
+            f"{module} is missing: scripts/setup-dev.sh installs procgroup-mpi[mpich] on every leg")
+    from procgroup._launch.mpi import find_mpiexec
+
+    find_mpiexec()  # InvalidArgumentError naming what was looked for, when there is none
+
+
 def require_gloo() -> None:
     """The gloo backend on either engine; skips only when neither can be here."""
     whys = [why_no_gloo_engine(e) for e in ("pygloo", "torch")]

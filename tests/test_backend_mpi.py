@@ -10,13 +10,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _installed import require_mpi
 
 from procgroup.testing import ConformanceSuite, mpiexec_command, spawn
 from procgroup.testing._huge import over_2gib, skip_unless_memory
 
-pytest.importorskip("mpi4py", reason="the mpi backend needs mpi4py (pip install 'procgroup-mpi[mpich]')")
-
 pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(autouse=True)
+def _mpi_installed() -> None:
+    require_mpi()
 
 
 class TestMpiConformance(ConformanceSuite):

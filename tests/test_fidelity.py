@@ -16,6 +16,7 @@ from pathlib import Path
 
 import procgroup as pg
 import pytest
+from _installed import require_mpi
 from procgroup.errors import InvalidArgumentError, RendezvousError
 from procgroup.rendezvous import FileStore, rendezvous
 
@@ -99,7 +100,7 @@ def test_file_store_keeps_working_after_the_path_is_removed(tmp_path: Path) -> N
 # ------------------------------------------------------------------ mpi: ranks from MPI
 def test_mpi_contradicting_world_size_is_a_clear_error() -> None:
     """A singleton (no mpiexec) told WORLD_SIZE=3: refused, naming the variable and mpiexec."""
-    pytest.importorskip("mpi4py")
+    require_mpi()
     code = ("import procgroup as pg\n"
             "try:\n    pg.init_process_group('mpi', 'env://', timeout=10)\n"
             "except pg.InvalidArgumentError as e:\n    print('ERR', e)\n")
@@ -124,7 +125,7 @@ def test_get_num_processes_is_get_world_size(tmp_path: Path) -> None:
 
 
 def test_info_does_not_start_mpi_and_aligns_names() -> None:
-    pytest.importorskip("mpi4py")
+    require_mpi()
     code = ("import io, sys\nfrom procgroup.__main__ import info\nb = io.StringIO(); info(b)\n"
             "from mpi4py import MPI\nprint('MPI_INITIALIZED', MPI.Is_initialized())\nprint(b.getvalue())\n")
     out = _python(code)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _installed import require_mpi
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -570,26 +571,12 @@ MPI_JOB = """
 """
 
 
-def _mpi_available() -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("procgroup_mpi") is None or importlib.util.find_spec("mpi4py") is None:
-        pytest.skip("the mpi backend (procgroup_mpi, mpi4py) is not installed here")
-    from procgroup._launch.mpi import find_mpiexec
-    from procgroup.errors import InvalidArgumentError
-
-    try:
-        find_mpiexec()
-    except InvalidArgumentError as err:
-        pytest.skip(f"no mpiexec: {err}")
-
-
 def test_mpi_backend_one_world_blame_and_restart(tmp_path: Path) -> None:
     """--backend mpi starts the ranks through mpiexec: one MPI world of 3 (not 3 worlds of
     1), with the launcher's env, prefixes, separate streams and log files; the first attempt
     fails (rank 1 sys.exit(3) while the others wait in a barrier) and is blamed on rank 1,
     the restart (PROCGROUP_RESTART_COUNT=1) succeeds."""
-    _mpi_available()
+    require_mpi()
     script = write(tmp_path / "job.py", MPI_JOB)
     logs = tmp_path / "logs"
     res = launch("-n", "3", "--backend", "mpi", "--max-restarts", "1", "--grace-period", "2",
@@ -617,7 +604,7 @@ def test_mpi_backend_one_world_blame_and_restart(tmp_path: Path) -> None:
 def test_mpi_backend_never_makes_worlds_of_one(tmp_path: Path) -> None:
     """No mpiexec, or one that does not start an MPI world: a clear error, never N
     separate worlds of size 1 that "succeed"."""
-    _mpi_available()
+    require_mpi()
     script = write(tmp_path / "job.py", MPI_JOB)
     import os
 
@@ -641,7 +628,7 @@ def test_mpi_backend_never_makes_worlds_of_one(tmp_path: Path) -> None:
 
 
 def test_mpi_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
-    _mpi_available()
+    require_mpi()
     script = write(tmp_path / "rank.py", WAITING_RANK)
     proc = subprocess.Popen(launcher_cmd("-n", "2", "--backend", "mpi", str(script), str(tmp_path)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

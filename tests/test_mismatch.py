@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _installed import gloo_engine_env
+from _installed import gloo_engine_env, require_mpi
 
 from procgroup.testing import spawn
 
@@ -124,7 +124,7 @@ def _unchecked(rank: int, size: int) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ mpi
 def test_mpi_mismatch_matrix() -> None:
-    pytest.importorskip("mpi4py", reason="the mpi backend needs mpi4py")
+    require_mpi()
     results = spawn(_matrix, 3, "mpi", launcher="mpiexec", init_method=None, env=DETAIL, timeout=30,
                     job_timeout=200)
     _check_matrix(results)
@@ -132,7 +132,7 @@ def test_mpi_mismatch_matrix() -> None:
 
 @pytest.mark.parametrize("level", [None, "off", "info"])
 def test_mpi_without_detail_nothing_is_checked(level: str | None) -> None:
-    pytest.importorskip("mpi4py", reason="the mpi backend needs mpi4py")
+    require_mpi()
     env = {} if level is None else {"PROCGROUP_DEBUG": level}
     results = spawn(_unchecked, 2, "mpi", launcher="mpiexec", init_method=None, env=env, timeout=30)
     assert [r["checked"] for r in results] == [False, False]

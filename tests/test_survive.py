@@ -16,7 +16,7 @@ import time
 import numpy as np
 import procgroup as pg
 import pytest
-from _installed import require_gloo
+from _installed import require_gloo, require_mpi
 from procgroup.testing import spawn
 
 SHM = {"sockets": {"PROCGROUP_TCP_SHM": "0"}, "shm": {"PROCGROUP_TCP_SHM": "1"}}
@@ -322,7 +322,7 @@ def mpi_refuses(rank: int, size: int) -> object:
 
 
 def test_mpi_says_it_cannot_shrink() -> None:
-    pytest.importorskip("mpi4py", reason="the mpi backend needs mpi4py")
+    require_mpi()
     assert spawn(mpi_refuses, 2, "mpi", launcher="mpiexec", init_method=None, timeout=60) == [True, True]
 
 

@@ -23,18 +23,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _installed import require_mpi
+from test_survive import _exact_ops
 
-pytest.importorskip("mpi4py", reason="the mpi backend needs mpi4py")
-
-import procgroup as pg  # noqa: E402
-from procgroup._launch.options import LaunchOptions  # noqa: E402
-from procgroup.errors import InvalidArgumentError, UnsupportedOperationError  # noqa: E402
-from procgroup.testing import mpiexec_command, spawn  # noqa: E402
-from test_survive import _exact_ops  # noqa: E402
+import procgroup as pg
+from procgroup._launch.options import LaunchOptions
+from procgroup.errors import InvalidArgumentError, UnsupportedOperationError
+from procgroup.testing import mpiexec_command, spawn
 
 #: Guards each mpiexec run; a job that waited for the op timeout (600 s) would exceed it.
 SAFETY = 90
 pytestmark = pytest.mark.timeout(2 * SAFETY)
+
+
+@pytest.fixture(autouse=True)
+def _mpi_installed() -> None:
+    require_mpi()
 
 
 def refusals(rank: int, size: int) -> dict[str, object]:
