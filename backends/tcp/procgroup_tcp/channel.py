@@ -54,7 +54,7 @@ from ._fingerprints import Fingerprinted, Ledger
 from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._p2p import OutLink, ShmP2P, open_p2p
-from ._progress import TICK_S, Engine, spin_seconds
+from ._progress import TICK_S, Engine, quiet_seconds, spin_seconds
 from ._shm import SharedMemoryArena, all_on_one_host, host_identity
 from ._wire import (
     KIND_CONTROL,
@@ -108,6 +108,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         for rank, sock in sockets.items():
             self._peers[rank] = Peer(rank, ctx.global_rank(rank), sock, ctx.timeout, self, self._engine)
         self._peer_list = list(self._peers.values())
+        self._engine.quiet = quiet_seconds(len(self._peer_list))
         # every peer has published its address, so every rank of this host has counted itself
         spin = spin_seconds(ctx.store.add(on_host, 0))
         for peer in self._peer_list:
