@@ -40,7 +40,7 @@ SPIN_S = 100e-6
 _SPIN = False  # --mode spin (set in each process)
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
     if _SPIN:  # watch the socket a while before blocking, as the tcp backend's waits do
         poller = select.poll()
         poller.register(sock, select.POLLIN)
@@ -71,7 +71,7 @@ class _Reader:
             while True:
                 self.consumed.wait()
                 self.consumed.clear()
-                _recv_exact(self.sock, self.buf)
+                recv_exact(self.sock, self.buf)
                 self.ready.set()
         except OSError:
             return
@@ -105,7 +105,7 @@ def _echo(port: int, sizes: list[int], total_iters: list[int], mode: str) -> Non
         else:
             buf = memoryview(bytearray(max(nbytes, 1)))[:nbytes]
             for _ in range(iters):
-                _recv_exact(sock, buf)
+                recv_exact(sock, buf)
                 sock.sendall(buf)
     sock.close()
 
@@ -139,7 +139,7 @@ def measure(sizes: list[int], iters: int, rounds: int, warmup: int, mode: str) -
                         reader.recv()
                         reader.release()
                     else:
-                        _recv_exact(sock, back)
+                        recv_exact(sock, back)
                     if i >= warmup:
                         times.append((time.perf_counter_ns() - t0) / 2000.0)
                 medians.append(statistics.median(times))

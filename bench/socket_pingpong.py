@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from socket_echo import recv_exact  # bench/: the raw echo's exact read
+
 
 def _relaunch(argv: list[str]) -> int:
     return subprocess.call([sys.executable, "-m", "procgroup.run", "--nproc-per-node", "2", "--no-prefix",
@@ -50,15 +52,6 @@ def _raw_pair(rank: int) -> socket.socket:
         sock = socket.create_connection(("127.0.0.1", port[0]))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
-
-
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < view.nbytes:
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionError("peer closed")
-        got += n
 
 
 def main(argv: list[str]) -> None:
@@ -96,10 +89,10 @@ def main(argv: list[str]) -> None:
         if rank == 0:
             for _ in range(n):
                 sock.sendall(raw)
-                _recv_exact(sock, raw)
+                recv_exact(sock, raw)
         else:
             for _ in range(n):
-                _recv_exact(sock, raw)
+                recv_exact(sock, raw)
                 sock.sendall(raw)
 
     contenders = {"procgroup": procgroup_round, "raw echo": raw_round}

@@ -24,7 +24,8 @@ def why_no_gloo_engine(engine: str) -> str | None:
         return None
     if engine == "pygloo":
         assert not PYGLOO_WHEELS, "scripts/setup-dev.sh installs procgroup-gloo with pygloo on CPython 3.10"
-        return "pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux"
+        return (f"pygloo has wheels only for CPython 3.8-3.10 on x86-64 Linux, this is "
+                f"{platform.python_implementation()} {platform.python_version()} on {sys.platform} {platform.machine()}")
     assert TORCH_LEFT_OUT, "scripts/setup-dev.sh installs procgroup-gloo[torch] on every leg (PROCGROUP_DEV_TORCH=0 to skip)"
     return "torch was left out (PROCGROUP_DEV_TORCH=0)"
 

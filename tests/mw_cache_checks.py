@@ -10,14 +10,13 @@ MW_CACHE_BYTES tells the checks the limit the job was started with.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import sys
 import threading
-import traceback
 
 import numpy as np
 import procgroup as pg
+from _mw_run import Checks
 
 _FLAG = threading.Event()
 _KEPT: list[np.ndarray] = []
@@ -62,12 +61,8 @@ R = pg.remote
 LIMIT = int(os.environ["MW_CACHE_BYTES"])
 N = 1 << 18  # float32: 1 MiB, the smallest size the cache takes
 MIB = 1 << 20
-results: dict[str, str | None] = {}
-
-
-def check(fn):
-    results[fn.__name__] = None
-    return fn
+checks = Checks()
+check = checks.register
 
 
 def addr(x: R.RemoteArray) -> int:
@@ -239,11 +234,4 @@ def zero_disables_the_cache() -> None:
         assert cached(0) == 0 and cached(1) == 0
 
 
-names = sys.argv[1:] or list(results)
-for name in names:
-    try:
-        globals()[name]()
-        results[name] = None
-    except BaseException:  # noqa: BLE001 - reported to the test
-        results[name] = traceback.format_exc()
-print("MW-RESULTS " + json.dumps({n: results[n] for n in names}), flush=True)
+checks.run(sys.argv[1:])

@@ -9,14 +9,13 @@ functions that remote.run ships are defined before init_master_worker, so the wo
 from __future__ import annotations
 
 import gc
-import json
 import os
 import sys
 import threading
-import traceback
 
 import numpy as np
 import procgroup as pg
+from _mw_run import Checks
 
 _FLAG = threading.Event()
 
@@ -53,12 +52,8 @@ pg.init_master_worker(BACKEND)
 
 # ---------------------------------------------------------------- only the master gets here
 R = pg.remote
-results: dict[str, str | None] = {}
-
-
-def check(fn):
-    results[fn.__name__] = None
-    return fn
+checks = Checks()
+check = checks.register
 
 
 def held() -> dict[str, int]:
@@ -597,13 +592,6 @@ def cuda() -> None:
     same(np.exp(c).sum(), np.asarray(np.exp(np.ones(4)).sum()), "cuda ufunc + reduction")
 
 
-names = sys.argv[1:] or list(results)
-for name in names:
-    try:
-        globals()[name]()
-        results[name] = None
-    except BaseException:  # noqa: BLE001 - reported to the test
-        results[name] = traceback.format_exc()
-print("MW-RESULTS " + json.dumps({n: results[n] for n in names}), flush=True)
+checks.run(sys.argv[1:])
 if os.environ.get("MW_DESTROY") == "1":
     pg.destroy_process_group()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from _installed import require_gloo
+from _mw_run import MARK
 from procgroup.testing._spawn import free_port, mpiexec_command
 
 HERE = Path(__file__).parent
@@ -65,9 +66,10 @@ def launch(script: Path, world: int, args: list[str] = (), env: dict[str, str] |
 
 
 def results_of(stdout: str, stderr: str = "") -> dict[str, str | None]:
+    """The master's MW-RESULTS line (tests/_mw_run.py): check name -> None or traceback."""
     for line in stdout.splitlines():
-        if "MW-RESULTS " in line:
-            return json.loads(line.split("MW-RESULTS ", 1)[1])
+        if MARK in line:
+            return json.loads(line.split(MARK, 1)[1])
     raise AssertionError(f"the master printed no results:\n{stdout[-3000:]}\n{stderr[-3000:]}")
 
 

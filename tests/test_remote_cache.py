@@ -10,12 +10,12 @@ tests/mw_cache_checks.py and print one JSON line of results.
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
 import pytest
 from test_master_worker import launch as launch_job
+from test_master_worker import results_of as master_results
 
 HERE = Path(__file__).parent
 CHECKS = HERE / "mw_cache_checks.py"
@@ -37,10 +37,7 @@ def launch(script: Path, world: int, args: list[str], cache_bytes: str,
 def results_of(ranks: list[tuple[int, str, str]]) -> dict[str, str | None]:
     for r, (code, so, se) in enumerate(ranks):
         assert code == 0, f"rank {r} exited with {code}:\n{so[-2000:]}\n{se[-3000:]}"
-    for line in ranks[0][1].splitlines():
-        if "MW-RESULTS " in line:
-            return json.loads(line.split("MW-RESULTS ", 1)[1])
-    raise AssertionError(f"the master printed no results:\n{ranks[0][1][-3000:]}\n{ranks[0][2][-3000:]}")
+    return master_results(ranks[0][1], ranks[0][2])
 
 
 @pytest.fixture(scope="module")

@@ -333,28 +333,11 @@ class Peer(FrameReader):
         return self._queued > 0
 
     def send(self, view: memoryview, tag: int, dtype_char: bytes, fp: bytes = _wire.NO_FP) -> None:
-        """Blocking send on the caller's thread; goes behind queued sends, keeping order.
-        The write is ``_write``'s, inline: this is on every message's path."""
+        """Blocking send on the caller's thread; goes behind queued sends, keeping order."""
         if self._queued:
             self.send_async(view, tag, dtype_char, fp).result()
             return
-        if self._send_error is not None:
-            raise fresh(self._send_error)
-        lock = self._send_lock
-        lock.acquire()
-        try:
-            header = _pack_header(_KIND_DATA, dtype_char, _MAGIC, 0, tag, self._seq_out, view.nbytes, fp)
-            self._seq_out += 1
-            try:
-                sent = self._sendmsg((header, view), (), _DONTWAIT)
-            except BlockingIOError:
-                sent = 0
-            if sent != _HEADER_SIZE + view.nbytes:
-                self._send_blocked(header, view, sent)
-        except OSError as exc:
-            raise self._send_failed(exc) from None
-        finally:
-            lock.release()
+        self._write(view, tag, dtype_char, fp)
 
     def send_async(self, view: memoryview, tag: int, dtype_char: bytes, fp: bytes = _wire.NO_FP,
                    kind: int = _wire.KIND_DATA) -> concurrent.futures.Future[None]:

@@ -277,13 +277,7 @@ class FrameReader:
                             self.refused = exc
                             self._discard(nbytes)
                             return LANDED
-                    if start + nbytes <= end:  # it came with its header: the common small case
-                        into[:] = self._bview[start:start + nbytes]
-                        self._start = start + nbytes
-                    else:
-                        self._current = _DIRECT
-                        self._take(into, nbytes)
-                        self._current = None
+                    self._land(into, _DIRECT, start, end, nbytes)
                     return LANDED
                 target = self._match(self.rank, tag, nbytes, dtype_char, fp)
                 try:
@@ -292,15 +286,8 @@ class FrameReader:
                     target.finish(self.rank, exc)  # at once: the payload may be long (or never come)
                     self._discard(nbytes)
                     return FRAME
-                if start + nbytes <= end:
-                    view[:] = self._bview[start:start + nbytes]
-                    self._start = start + nbytes
-                else:
-                    self._current = target
-                    self._take(view, nbytes)
-                    self._current = None
-                    if nbytes > _LONG_PAYLOAD:
-                        self.last_heard = _now()
+                if not self._land(view, target, start, end, nbytes) and nbytes > _LONG_PAYLOAD:
+                    self.last_heard = _now()
                 target.finish(self.rank)
             elif kind == _wire.KIND_HEARTBEAT and nbytes == 0:
                 pass
@@ -343,6 +330,19 @@ class FrameReader:
             return -1
 
     # ------------------------------------------------------------------ payloads
+    def _land(self, view: memoryview, landing: Landing, start: int, end: int, nbytes: int) -> bool:
+        """A frame's payload into ``view``: copied from the buffer when it came with its
+        header (the common small case: True), else read in with ``landing`` as the one
+        being landed, so a failure meanwhile reaches it (False)."""
+        if start + nbytes <= end:
+            view[:] = self._bview[start:start + nbytes]
+            self._start = start + nbytes
+            return True
+        self._current = landing
+        self._take(view, nbytes)
+        self._current = None
+        return False
+
     def _take(self, view: memoryview, nbytes: int) -> None:
         """Fill ``view`` (``nbytes``): the buffered head, then the rest straight from the socket."""
         start, end = self._start, self._end
@@ -392,28 +392,24 @@ class FrameReader:
         if start:
             view[:end - start] = view[start:end]
             start, end = 0, end - start
-        last = _now()
-        while end < need:
-            try:
-                n = self._recv_into(view[end:], BUFFER_BYTES - end)
-            except (BlockingIOError, TimeoutError):
-                self._stalled(last)
-                continue
-            if n == 0:
-                raise self._eof_mid_frame()
-            end += n
-            last = _now()
+        if end < need:
+            end += self._read_at_least(view[end:BUFFER_BYTES], need - end)
         self._start, self._end = start, end
         return start, end
 
     def _read_into(self, view: memoryview) -> None:
-        """Fill ``view`` from the socket, in the middle of a frame. A peer that sends
-        nothing for longer than the timeout there, or closes, is reported (PeerError)."""
-        got, total = 0, view.nbytes
+        """Fill ``view`` from the socket, in the middle of a frame."""
+        self._read_at_least(view, view.nbytes)
+
+    def _read_at_least(self, view: memoryview, least: int) -> int:
+        """Read into ``view`` until at least ``least`` bytes came (at most all of it), in
+        the middle of a frame: a peer that sends nothing for longer than the timeout
+        there, or closes, is reported (PeerError)."""
+        got, room = 0, view.nbytes
         last = _now()
-        while got < total:
+        while got < least:
             try:
-                n = self._recv_into(view[got:], total - got)
+                n = self._recv_into(view[got:], room - got)
             except (BlockingIOError, TimeoutError):  # the tick (or a closing socket's timeout)
                 self._stalled(last)
                 continue
@@ -421,6 +417,7 @@ class FrameReader:
                 raise self._eof_mid_frame()
             got += n
             last = _now()
+        return got
 
     # ------------------------------------------------------------------ failures
     def _stalled(self, since: float) -> None:
