@@ -42,6 +42,27 @@ def worker_pid() -> int:
     return os.getpid()
 
 
+def cap_memory(headroom: int) -> int | None:
+    """On a worker: cap its address space at what it maps now plus ``headroom`` bytes, so
+    that a larger allocation fails; returns the soft limit to restore (None: no /proc)."""
+    import resource
+
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    except OSError:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + headroom, hard))
+    return soft
+
+
+def uncap_memory(soft: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (soft, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
 def slow_fill(x: np.ndarray, value: float, flag_seconds: float) -> None:
     _FLAG.wait(flag_seconds)
     x[...] = value
@@ -539,6 +560,53 @@ def to_between_nodes() -> None:
     else:
         raise AssertionError("moving a failed array did not raise")
     same(R.ones(3, node=1).to(0), np.ones(3), "both nodes still usable")
+
+
+@check
+def copy_failures() -> None:
+    """A copy whose source failed, or whose receiver cannot allocate, fails that one array
+    (naming the node at fault) and leaves both nodes usable: the sender never waits for a
+    receive that will not come, nor the receiver for data that will not."""
+    if pg.num_nodes() < 2:
+        return
+    size = (3 << 20) + 5  # past the frame and the READY threshold: posted where receives cancel
+    bad = R.empty(1 << 44, np.uint8, node=0)[:size]  # fails on node 0; node 1 can hold its size
+    moved = bad.to(1)
+    try:
+        moved.get()
+    except pg.RemoteError as exc:
+        assert exc.node == 0 and exc.op == "empty", vars(exc)
+    else:
+        raise AssertionError("moving a failed 3 MiB array did not raise")
+    same(R.full(4, 2.0, node=0).to(1), np.full(4, 2.0), "both nodes usable after a failed source")
+    try:
+        pg.synchronize(0)  # node 0's own failure, not reported there yet
+    except pg.RemoteError as exc:
+        assert exc.node == 0 and exc.op == "empty", vars(exc)
+    source = R.full(64 << 20, 7, np.uint8, node=0)
+    pg.synchronize(0)
+    soft = R.run(cap_memory, 16 << 20, node=1).get()
+    if soft is None:
+        return
+    try:
+        refused = source.to(1)  # node 1 cannot allocate 64 MiB now
+        try:
+            pg.synchronize(1)
+        except pg.RemoteError as exc:
+            assert exc.node == 1 and exc.exc_type == "MemoryError", vars(exc)
+        else:
+            raise AssertionError("a copy to a node out of memory did not fail")
+    finally:
+        R.run(uncap_memory, soft, node=1).get()
+    try:
+        refused.get()
+    except pg.RemoteError as exc:
+        assert exc.node == 1 and exc.exc_type == "MemoryError", vars(exc)
+    else:
+        raise AssertionError("the array a failed copy produced did not raise")
+    source += 1  # the sender's stream went on: it did not wait for data to be taken
+    assert int(source[-1]) == 8
+    same(source[:5].to(1), np.full(5, 8, np.uint8), "both nodes usable after a refused copy")
 
 
 @check

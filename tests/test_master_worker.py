@@ -27,10 +27,10 @@ JOB_TIMEOUT = 240.0
 
 ALL_CHECKS = ["issue_example", "constructors", "operators", "ufuncs_and_functions", "methods", "indexing",
               "numpy_errors_at_the_call", "sync_points", "remote_errors", "gc_frees_remote_memory",
-              "streams_and_events", "to_between_nodes", "across_nodes", "cuda"]
+              "streams_and_events", "to_between_nodes", "copy_failures", "across_nodes", "cuda"]
 #: what the mpi and gloo jobs run: the families that touch the transport
 SMALL_CHECKS = ["issue_example", "operators", "sync_points", "remote_errors", "gc_frees_remote_memory",
-                "streams_and_events", "to_between_nodes", "across_nodes", "cuda"]
+                "streams_and_events", "to_between_nodes", "copy_failures", "across_nodes", "cuda"]
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -99,6 +99,10 @@ class ChannelClosedError(ProcGroupError, RuntimeError):
     """The DataChannel was closed (destroy_process_group) while the call was pending."""
 
 
+class WorkCancelledError(ProcGroupError, RuntimeError):
+    """The receive was withdrawn with ``Work.cancel()`` before any message matched it."""
+
+
 class AuthenticationError(ProcGroupError, PermissionError):
     """The peer did not prove it holds the job's token (PROCGROUP_JOB_TOKEN), or this
     process does not hold the token of the job it tried to join."""
@@ -149,4 +153,5 @@ __all__ = [
     "StoreError",
     "StoreTimeoutError",
     "UnsupportedOperationError",
+    "WorkCancelledError",
 ]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 from procgroup.backend import Work, poll
-from procgroup.errors import CommTimeoutError, InvalidArrayError
+from procgroup.errors import CommTimeoutError, InvalidArrayError, WorkCancelledError
 
 from ._requests import cancel_recv, park, translate
 
@@ -224,6 +224,23 @@ class RecvWork(MpiWork):
         if done:
             self._settle()
         return done
+
+    def cancel(self) -> bool:
+        """MPI_Cancel: False when a message matched first (the receive then completes)."""
+        if self._done:
+            return isinstance(self._error, WorkCancelledError)
+        try:
+            cancelled = cancel_recv(self._req, self._status)
+        except MPI.Exception as exc:  # a message matched, and failed (truncation)
+            self._done = True
+            self._error = translate(exc, self._what())
+            return False
+        self._done = True
+        if cancelled:
+            self._error = WorkCancelledError(f"{self._what()} was withdrawn with Work.cancel()")
+        else:
+            self._settle()
+        return cancelled
 
     def _settle(self) -> None:
         """Once complete: the sender, or an error when the message was short."""

@@ -74,6 +74,7 @@ class MpiChannel(DataChannel):
     """The mpi backend's communicator; see the module docstring for the mapping."""
 
     backend_name = "mpi"
+    cancels_recv = True  # MPI_Cancel
     #: How to start a world of ``size`` ranks: the core quotes it when a rank or size given
     #: to init_process_group contradicts MPI's
     launch_hint = "start the job with 'mpiexec -n {size} python ...' (mpiexec decides the ranks)"

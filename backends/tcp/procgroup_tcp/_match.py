@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 from procgroup.backend import CompletedWork, Work, fresh
-from procgroup.errors import CommTimeoutError
+from procgroup.errors import CommTimeoutError, WorkCancelledError
 
 from ._wire import check_size
 
@@ -131,6 +131,15 @@ class PostedRecv(Work):
 
     def result(self) -> Any:
         return self.sender if self.completed and self.error is None else None
+
+    def cancel(self) -> bool:
+        """Withdraw the receive unless a frame has matched it (it is then read to the end)."""
+        if self.completed or not self._matcher.cancel(self):
+            return isinstance(self.error, WorkCancelledError)
+        m = self._matcher
+        who = "any rank" if self.src is None else f"rank {m.global_rank(self.src)}"
+        self.finish(-1, WorkCancelledError(f"recv from {who} (tag {self.tag}) was withdrawn with Work.cancel()"))
+        return True
 
 
 class Unexpected:

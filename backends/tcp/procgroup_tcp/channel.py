@@ -83,6 +83,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     """The tcp backend's communicator; see the module docstring for the layers."""
 
     backend_name = "tcp"
+    cancels_recv = True  # the matcher withdraws a receive no frame has matched
 
     def __init__(self, ctx: ChannelContext) -> None:
         super().__init__(ctx)

@@ -97,6 +97,10 @@ class DataChannel(abc.ABC):
     #: True when the transport itself checks that ranks agree on every op (tcp's frames):
     #: PROCGROUP_DEBUG=DETAIL then adds no fingerprint exchange (procgroup.backend._debug).
     checks_agreement: bool = False
+    #: True when ``start_recv``'s Work can be withdrawn with ``Work.cancel()`` until a
+    #: message matches it (tcp's matcher, MPI_Cancel). A caller that posts a receive
+    #: before it knows whether the message will come (master-worker's copies) asks this.
+    cancels_recv: bool = False
     #: The PROCGROUP_DEBUG=DETAIL checker, None when off: run/start/blocking test only this.
     _agreement: "_debug.Agreement | None" = None
     #: Why this backend cannot shrink, when it cannot although it has a control plane
@@ -466,6 +470,10 @@ class SubChannel(DataChannel):
     @property
     def survives(self) -> bool:
         return self._parent.survives
+
+    @property
+    def cancels_recv(self) -> bool:  # type: ignore[override]
+        return self._parent.cancels_recv
 
     def do_control_send(self, dst: int, payload: bytes) -> None:
         self._parent.do_control_send(self._ranks[dst], payload)

@@ -11,7 +11,7 @@ import concurrent.futures
 import threading
 from typing import Any, Callable
 
-from ..errors import ChannelClosedError, CommTimeoutError
+from ..errors import ChannelClosedError, CommTimeoutError, ProcGroupError, WorkCancelledError
 
 
 class Work:
@@ -42,6 +42,14 @@ class Work:
 
     def is_success(self) -> bool:
         return self.is_completed() and self.exception() is None
+
+    def cancel(self) -> bool:
+        """Withdraw a receive that no message has matched yet (``MPI_Cancel``): True when
+        withdrawn, now or before (it never takes a message; ``wait()`` raises
+        WorkCancelledError; the message goes to a later receive), False
+        when it cannot be: a message matched it, it completed, or this backend cannot
+        withdraw it (the default; ``DataChannel.cancels_recv`` says which backends can)."""
+        return False
 
     def source_rank(self) -> int | None:
         """For a receive: the rank the message came from; None for ops without a source."""
@@ -75,6 +83,7 @@ class FutureWork(Work):
     def __init__(self, op: str, future: concurrent.futures.Future[Any]) -> None:
         self.op = op
         self._future = future
+        self._withdrawn = False
 
     def is_completed(self) -> bool:
         return self._future.done()
@@ -86,15 +95,26 @@ class FutureWork(Work):
         if not done:
             raise CommTimeoutError(f"{self.op} not finished after Work.wait(timeout={timeout})", op=self.op)
         if self._future.cancelled():
-            raise ChannelClosedError(f"{self.op} was cancelled: the group was destroyed before it ran")
+            raise self._cancelled()
         self._future.result()
         return True
+
+    def cancel(self) -> bool:
+        """A receive only (a collective withdrawn on one rank would strand the others),
+        and only while it is still queued: one that runs goes on."""
+        self._withdrawn = self._withdrawn or (self.op == "recv" and self._future.cancel())
+        return self._withdrawn
+
+    def _cancelled(self) -> ProcGroupError:
+        if self._withdrawn:
+            return WorkCancelledError(f"{self.op} was withdrawn with Work.cancel() before it ran")
+        return ChannelClosedError(f"{self.op} was cancelled: the group was destroyed before it ran")
 
     def exception(self) -> BaseException | None:
         if not self._future.done():
             return None
         if self._future.cancelled():
-            return ChannelClosedError(f"{self.op} was cancelled: the group was destroyed before it ran")
+            return self._cancelled()
         return self._future.exception()
 
     def result(self) -> Any:
@@ -126,6 +146,9 @@ class MappedWork(Work):
 
     def exception(self) -> BaseException | None:
         return self._inner.exception()
+
+    def cancel(self) -> bool:
+        return self._inner.cancel()
 
     def result(self) -> Any:
         value = self._inner.result()

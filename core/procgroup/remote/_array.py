@@ -98,8 +98,8 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         link = m.link(self._node)
         sid = m.stream_id(self._node)
         small = self.nbytes <= SMALL_BYTES
-        return link.get_array(lambda tag: ("get", sid, (), (), small, (Ref(self._id), tag)), self.shape, self.dtype,
-                              "get")
+        return link.get_array(lambda tag, posted: ("get", sid, (), (), small, (Ref(self._id), tag, posted)),
+                              self.shape, self.dtype, "get")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self.get()
@@ -305,11 +305,12 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
             return out
         tag = P.transfer_tag(next(m.transfers))
         # both go at once from this thread (waking the flusher for them would only make it
-        # compete for the GIL on the copy's critical path); the receiver's first, so that it
-        # is already waiting when the sender's header comes and answers READY at once
+        # compete for the GIL on the copy's critical path); the receiver's first, so that its
+        # READY (posted) or its wait for the sender's frame is under way when the sender starts
+        posted = P.posts(m.channel, self.nbytes)
         dst.issue_now(("recv_from", m.stream_id(dst.node), ((out._id, out.shape, out.dtype.str),), (), False,
-                       (self.shape, self.dtype.str, device, src.rank, tag)))
-        src.issue_now(("send_to", m.stream_id(src.node), (), (), False, (Ref(self._id), dst.rank, tag)))
+                       (self.shape, self.dtype.str, device, src.rank, tag, posted)))
+        src.issue_now(("send_to", m.stream_id(src.node), (), (), False, (Ref(self._id), dst.rank, tag, posted)))
         return out
 
     def cuda(self, device: int = 0) -> RemoteArray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import math
 import pickle
 import threading
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from ..errors import (
 )
 from . import _protocol as P
 from ._protocol import ErrorInfo
-from ._worker import recv_array
+from ._worker import post_array, recv_array, recv_posted
 
 log = logging.getLogger(__name__)
 
@@ -140,17 +141,35 @@ class NodeLink:
             raise remote_error([ErrorInfo(*t) for t in value])
         return value
 
-    def get_array(self, build: Callable[[int], tuple[Any, ...]], shape: tuple[int, ...], dtype: np.dtype,
+    def get_array(self, build: Callable[[int, bool], tuple[Any, ...]], shape: tuple[int, ...], dtype: np.dtype,
                   what: str) -> np.ndarray:
-        """Issue ``build(tag)`` and receive the array it sends back (allocated only once
-        the worker said the data is coming, so a failed array costs no allocation here)."""
+        """Issue ``build(tag, posted)`` and receive the array it sends back. A large one
+        goes posted (its receive posted before the command leaves, :mod:`._protocol`);
+        otherwise, or when that allocation fails here, it is allocated only once the
+        worker said the data is coming, so a failed array costs no allocation here."""
         tag = P.reply_tag(next(self.master.tags))
-        self.issue_now(build(tag))
+        channel = self.master.channel
+        out = work = None
+        if P.posts(channel, math.prod(shape) * dtype.itemsize):
+            try:
+                out = np.empty(shape, dtype)
+            except MemoryError:
+                out = None  # the worker's answer decides (its array may have failed anyway)
+            else:
+                work = post_array(channel, self.rank, tag, out)
         try:
-            got = recv_array(self.master.channel, self.master.scratch(), self.rank, tag, shape, dtype)
+            self.issue_now(build(tag, work is not None))
+            if out is not None:
+                got = recv_posted(channel, self.master.scratch(), self.rank, tag, out, work)
+            else:
+                got = recv_array(channel, self.master.scratch(), self.rank, tag, shape, dtype)
         except CommTimeoutError as exc:
             raise CommTimeoutError(f"{what}: node {self.node} (rank {self.rank}) did not answer: {exc}",
                                    op=what, ranks=[self.rank]) from None
+        except BaseException:
+            if work is not None:
+                work.cancel()
+            raise
         if isinstance(got, list):
             raise remote_error(got)
         return got

@@ -9,6 +9,13 @@ with array data inline when it fits and as one more message of exactly its size 
 does not. Worker -> worker copies (``RemoteArray.to``) and master -> worker copies
 (``remote.send``) use a tag per transfer (:func:`transfer_tag`).
 
+A large array bound for a receiver that knows its shape (a ``get``, a ``.to``) travels
+*posted* where the backend can withdraw a posted receive (``DataChannel.cancels_recv``):
+the receiver allocates the result and posts its receive on :func:`data_tag` before the
+sender may send, then reads the sender's frame: K_OK (the data follows straight into the
+result) or K_ERR (the receive is withdrawn). Elsewhere the sender's frame goes first and a
+large remainder waits for the receiver's READY byte (:func:`send_array`).
+
 Commands are pickles and are accepted only from rank 0, the master: an authenticated
 member of the job (docs/security.md).
 """
@@ -29,6 +36,8 @@ HELLO_TAG = TAG_BASE + 1
 _REPLY_BASE = TAG_BASE + 16
 _XFER_BASE = TAG_BASE + (1 << 28)
 _SPAN = 1 << 28
+#: the data of a posted transfer: replies and transfers shifted into [2**30 + 2**29, 2**31)
+_DATA_OFFSET = 1 << 29
 
 #: Frame size in bytes (commands and replies); the first 16 bytes are the header.
 FRAME = 4096
@@ -47,6 +56,8 @@ K_OK_READY = 5  # data: the rest follows once the receiver sent one READY byte b
 #: before the data moves, so the transport never parks it in an unexpected-message buffer
 #: (one more 64 MiB copy) nor in fresh pages twice.
 RENDEZVOUS_BYTES = 1 << 20
+#: the READY byte's values (the receiver of a posted transfer sends one either way)
+READY, NOT_READY = 1, 0
 
 
 def reply_tag(n: int) -> int:
@@ -55,6 +66,16 @@ def reply_tag(n: int) -> int:
 
 def transfer_tag(n: int) -> int:
     return _XFER_BASE + n % _SPAN
+
+
+def data_tag(tag: int) -> int:
+    """Where a posted transfer's data travels: beside ``tag``'s frames, never on them."""
+    return tag + _DATA_OFFSET
+
+
+def posts(channel: Any, nbytes: int) -> bool:
+    """A transfer of ``nbytes`` goes posted on this channel (see the module docstring)."""
+    return nbytes >= RENDEZVOUS_BYTES and bool(getattr(channel, "cancels_recv", False))
 
 
 def dumps(obj: Any) -> bytes:
@@ -95,7 +116,18 @@ def send_array(channel: Any, buf: np.ndarray, dst: int, tag: int, data: np.ndarr
     if n > INLINE:
         if ready:
             channel.recv(buf[:1], dst, tag)
+            if buf[0] != READY:
+                return  # the receiver could not take the array (it reports why)
         channel.send(data[INLINE:], dst, tag)
+
+
+def send_posted(channel: Any, buf: np.ndarray, dst: int, tag: int, data: np.ndarray) -> Any:
+    """Start sending array bytes (a flat uint8 view) to a receiver whose receive is posted
+    on ``data_tag(tag)``: a K_OK frame saying they come, then the bytes themselves (the
+    Work returned; ``data`` must stay untouched until it completes)."""
+    HEADER.pack_into(buf, 0, K_OK, data.nbytes)
+    channel.send(buf, dst, tag)
+    return channel.isend(data, dst, data_tag(tag))
 
 
 def recv_payload(channel: Any, buf: np.ndarray, src: int, tag: int) -> tuple[int, bytes | np.ndarray]:
@@ -144,6 +176,6 @@ class Ref:
 
 __all__ = [
     "CMD_TAG", "FRAME", "HEADER", "HELLO_TAG", "INLINE", "K_CMDS", "K_ERR", "K_OK", "K_OK_MORE", "K_OK_READY",
-    "RENDEZVOUS_BYTES", "TAG_BASE", "ErrorInfo", "Ref", "byte_view", "dumps", "recv_payload", "reply_tag",
-    "send_array", "send_payload", "transfer_tag",
+    "NOT_READY", "READY", "RENDEZVOUS_BYTES", "TAG_BASE", "ErrorInfo", "Ref", "byte_view", "data_tag", "dumps",
+    "posts", "recv_payload", "reply_tag", "send_array", "send_payload", "send_posted", "transfer_tag",
 ]

@@ -331,26 +331,66 @@ def recv_array(channel: Any, buf: np.ndarray, src: int, tag: int, shape: tuple[i
     channel.recv(buf, src, tag)
     kind, n = P.HEADER.unpack_from(buf, 0)
     if kind == P.K_ERR:
-        payload: Any = buf[P.HEADER.size:P.HEADER.size + min(n, P.INLINE)].tobytes()
-        if n > P.INLINE:
-            rest = np.empty(n - P.INLINE, np.uint8)
-            channel.recv(rest, src, tag)
-            payload += rest.tobytes()
-        return [ErrorInfo(*t) for t in pickle.loads(payload)]
-    out = alloc(shape, dtype)
-    target = P.byte_view(out)
-    if n != target.nbytes:
-        raise ProcGroupError(f"master-worker protocol: expected {target.nbytes} bytes from rank {src}, got {n}")
+        return _read_errors(channel, buf, src, tag, n)
+    try:
+        out = alloc(shape, dtype)
+        target = P.byte_view(out)
+        if n != target.nbytes:
+            raise ProcGroupError(f"master-worker protocol: expected {target.nbytes} bytes from rank {src}, got {n}")
+    except BaseException:
+        if n > P.INLINE:  # let the sender go on: no READY for it, or its eager rest taken and dropped
+            if kind == P.K_OK_READY:
+                buf[0] = P.NOT_READY
+                channel.send(buf[:1], src, tag)
+            else:
+                channel.recv(np.empty(n - P.INLINE, np.uint8), src, tag)
+        raise
     head = min(n, P.INLINE)
     target[:head] = buf[P.HEADER.size:P.HEADER.size + head]
     if n > P.INLINE:
         if kind == P.K_OK_READY:  # post the receive into the result, then let the data come
             work = channel.irecv(target[P.INLINE:], src, tag)
+            buf[0] = P.READY
             channel.send(buf[:1], src, tag)
             work.wait()
         else:
             channel.recv(target[P.INLINE:], src, tag)
     return out
+
+
+def post_array(channel: Any, src: int, tag: int, out: np.ndarray) -> Any:
+    """Post the receive of a posted transfer into ``out`` (before the sender may send)."""
+    return channel.irecv(P.byte_view(out), src, P.data_tag(tag))
+
+
+def recv_posted(channel: Any, buf: np.ndarray, src: int, tag: int, out: np.ndarray,
+                work: Any) -> np.ndarray | list[ErrorInfo]:
+    """After :func:`post_array`: the sender's frame says the data comes into ``out``, or
+    its errors came instead (the posted receive is then withdrawn)."""
+    try:
+        channel.recv(buf, src, tag)
+        kind, n = P.HEADER.unpack_from(buf, 0)
+        if kind == P.K_ERR:
+            if not work.cancel():
+                raise ProcGroupError(f"master-worker protocol: rank {src} sent data and errors for one array")
+            return _read_errors(channel, buf, src, tag, n)
+        if kind != P.K_OK or n != out.nbytes:
+            raise ProcGroupError(f"master-worker protocol: expected a frame for {out.nbytes} bytes from rank "
+                                 f"{src}, got kind {kind} for {n}")
+    except BaseException:
+        work.cancel()  # nothing may land in ``out`` after this
+        raise
+    work.wait()
+    return out
+
+
+def _read_errors(channel: Any, buf: np.ndarray, src: int, tag: int, n: int) -> list[ErrorInfo]:
+    payload: Any = buf[P.HEADER.size:P.HEADER.size + min(n, P.INLINE)].tobytes()
+    if n > P.INLINE:
+        rest = np.empty(n - P.INLINE, np.uint8)
+        channel.recv(rest, src, tag)
+        payload += rest.tobytes()
+    return [ErrorInfo(*t) for t in pickle.loads(payload)]
 
 
 def _op_name(job: Job) -> str:
@@ -450,7 +490,7 @@ def _h_setitem(w: Worker, j: Job) -> None:
 
 
 def _h_get(w: Worker, j: Job) -> None:
-    obj, tag = j.args
+    obj, tag, posted = j.args
     if obj.error is not None:
         w.reply_error(tag, [obj.error])
         return
@@ -459,7 +499,10 @@ def _h_get(w: Worker, j: Job) -> None:
     except BaseException as exc:  # noqa: BLE001 - the master is waiting for this reply
         w.reply_error(tag, [w.record_error(j, exc, "get")])
         return
-    w.send_array(0, tag, host)
+    if posted:
+        P.send_posted(w.channel, w.buf(), 0, tag, P.byte_view(host)).wait()
+    else:
+        w.send_array(0, tag, host)
 
 
 def _h_getv(w: Worker, j: Job) -> None:
@@ -471,23 +514,57 @@ def _h_getv(w: Worker, j: Job) -> None:
 
 
 def _h_send_to(w: Worker, j: Job) -> None:
-    obj, dst, tag = j.args
-    if obj.error is not None:
-        w.reply_error_to(dst, tag, [obj.error])  # type: ignore[attr-defined]
-        return
-    w.send_array(dst, tag, obj.value)
-
-
-def _reply_error_to(self: Worker, dst: int, tag: int, errors: list[ErrorInfo]) -> None:
-    P.send_payload(self.channel, self.buf(), dst, tag, P.K_ERR, P.dumps([e.as_tuple() for e in errors]))
-
-
-Worker.reply_error_to = _reply_error_to  # type: ignore[attr-defined]
+    obj, dst, tag, posted = j.args
+    buf = w.buf()
+    if posted:  # the receiver says whether it posted its receive
+        early = j.extra
+        if isinstance(early, BaseException):
+            raise early
+        if early is None:
+            w.channel.recv(buf[:1], dst, tag)
+            ready = buf[0]
+        else:  # the dispatcher took the READY, or is having it taken (_prep_send_to)
+            ready_work, ready_buf, data_work = early
+            if data_work is not None:
+                data_work.wait()  # the dispatcher sent it all: the receiver is copying
+                return
+            ready_work.wait()
+            ready = ready_buf[0]
+        if ready != P.READY:  # it could not allocate the result: no data, only why not
+            errors = [obj.error] if obj.error is not None else []
+            P.send_payload(w.channel, buf, dst, tag, P.K_ERR if errors else P.K_OK,
+                           P.dumps([e.as_tuple() for e in errors]) if errors else b"")
+            return
+    errors = [obj.error] if obj.error is not None else None
+    if errors is None:
+        try:
+            host = _host(obj.value)
+        except BaseException as exc:  # noqa: BLE001 - the receiver is waiting for this frame
+            errors = [w.record_error(j, exc, "to")]
+    if errors is not None:
+        P.send_payload(w.channel, buf, dst, tag, P.K_ERR, P.dumps([e.as_tuple() for e in errors]))
+    elif posted:
+        P.send_posted(w.channel, buf, dst, tag, P.byte_view(host)).wait()
+    else:
+        w.send_array(dst, tag, host)
 
 
 def _h_recv_from(w: Worker, j: Job) -> None:
-    shape, dtype, device, src, tag = j.args
-    got = w.recv_array(src, tag, tuple(shape), np.dtype(dtype))
+    shape, dtype, device, src, tag, posted = j.args
+    if posted:
+        buf = w.buf()
+        if isinstance(j.extra, BaseException):
+            raise j.extra
+        out, work = j.extra if j.extra is not None else _post_recv_from(w, j, buf)
+        if work is None:  # we could not allocate: the source array's own failure says more
+            kind, payload = P.recv_payload(w.channel, buf, src, tag)
+            if kind != P.K_ERR:
+                raise out
+            j.outs[0].error = ErrorInfo(*pickle.loads(payload)[0])
+            return
+        got = recv_posted(w.channel, buf, src, tag, out, work)
+    else:
+        got = w.recv_array(src, tag, tuple(shape), np.dtype(dtype))
     if isinstance(got, list):
         j.outs[0].error = got[0]  # the source array had failed: pass its error on
         return
@@ -496,6 +573,22 @@ def _h_recv_from(w: Worker, j: Job) -> None:
         with cp.cuda.Device(device):
             got = cp.asarray(got)
     j.outs[0].value = got
+
+
+def _post_recv_from(w: Worker, j: Job, buf: np.ndarray) -> tuple[Any, Any]:
+    """Allocate the result, post its receive and send READY (or NOT_READY): (the array,
+    the receive's Work), or (the allocation's error, None)."""
+    shape, dtype, _, src, tag, _ = j.args
+    try:
+        out = w.cache.empty(tuple(shape), np.dtype(dtype))
+    except Exception as exc:  # noqa: BLE001 - MemoryError, a bad shape: raised by the job
+        buf[0] = P.NOT_READY
+        w.channel.send(buf[:1], src, tag)
+        return exc, None
+    work = post_array(w.channel, src, tag, out)
+    buf[0] = P.READY
+    w.channel.send(buf[:1], src, tag)
+    return out, work
 
 
 def _h_to_device(w: Worker, j: Job) -> None:
@@ -594,6 +687,44 @@ _HANDLERS: dict[str, Callable[[Worker, Job], None]] = {
 _HANDLES_ERRORS = frozenset({"get", "getv", "send_to", "coll", "ssync", "mark", "record", "wait_event", "run"})
 
 
+def _prep_recv_from(w: Worker, j: Job) -> None:
+    """A posted copy's receiver posts and answers READY at dispatch, not when its stream
+    gets there: the result is a fresh array no earlier op touches, and the sender need
+    not wait for this worker's thread hand-off."""
+    if j.args[5]:
+        try:
+            j.extra = _post_recv_from(w, j, w.main_buf)
+        except Exception as exc:  # noqa: BLE001 - the job raises it on its stream
+            j.extra = exc
+
+
+def _prep_send_to(w: Worker, j: Job) -> None:
+    """A posted copy's sender listens for READY at dispatch; when its stream is idle, its
+    array computed and READY already here, it sends right away (the stream's job then only
+    waits for the copy to finish), saving the thread hand-off on the copy's critical path."""
+    obj, dst, tag, posted = j.args
+    if posted:
+        try:
+            _start_send_to(w, j, obj, dst, tag)
+        except Exception as exc:  # noqa: BLE001 - the job raises it on its stream
+            j.extra = exc
+
+
+def _start_send_to(w: Worker, j: Job, obj: Slot, dst: int, tag: int) -> None:
+    ready = np.empty(1, np.uint8)
+    ready_work = w.channel.irecv(ready, dst, tag)
+    j.extra = (ready_work, ready, None)
+    st = w.streams.get(j.stream)
+    if (st is not None and not st.idle) or not obj.ready.is_set() or obj.error is not None \
+            or type(obj.value) is not np.ndarray or not ready_work.is_completed():
+        return
+    ready_work.wait()
+    if ready[0] != P.READY:
+        return
+    host = np.ascontiguousarray(obj.value)
+    j.extra = (ready_work, ready, P.send_posted(w.channel, w.main_buf, dst, tag, P.byte_view(host)))
+
+
 def _prep_record(w: Worker, j: Job) -> None:
     ev = WEvent()
     w.events[j.args[0]] = ev
@@ -617,6 +748,7 @@ def _prep_run(w: Worker, j: Job) -> None:
 
 _PREPARE: dict[str, Callable[[Worker, Job], None]] = {
     "record": _prep_record, "wait_event": _prep_wait_event, "coll": _prep_coll, "run": _prep_run,
+    "recv_from": _prep_recv_from, "send_to": _prep_send_to,
 }
 
 
@@ -786,4 +918,4 @@ def serve_forever(node: int, rank: int, timeout: float, workers_group: Any) -> i
     return w.serve()
 
 
-__all__ = ["Worker", "recv_array", "serve_forever"]
+__all__ = ["Worker", "post_array", "recv_array", "recv_posted", "serve_forever"]

@@ -193,6 +193,43 @@ def check_wait_timeout_keeps_the_receive(rank: int, size: int, opts: dict[str, A
 
 
 @check
+def check_cancel_recv(rank: int, size: int, opts: dict[str, Any]) -> None:
+    """Work.cancel(): a receive no message matched is withdrawn (always, where the backend
+    says it can: ``DataChannel.cancels_recv``) and takes nothing; the message with its tag
+    goes to the next receive; a receive that completed is not cancelled."""
+    if size == 1:
+        return
+    if rank == 0:
+        first = np.zeros(4, dtype=np.int32)
+        work = pg.irecv(first, 1, tag=51)
+        withdrawn = work.cancel()
+        if pg.group_channel().cancels_recv:
+            assert withdrawn, "the backend says it cancels receives, but cancel() returned False"
+        if withdrawn:
+            assert work.is_completed()
+            raises(errors.WorkCancelledError, work.wait)
+            assert work.cancel(), "a second cancel() of a withdrawn receive still answers True"
+        pg.send(np.ones(1), 1, tag=52)  # now rank 1 sends the message of tag 51
+        second = np.zeros(4, dtype=np.int32)
+        if withdrawn:
+            assert pg.recv(second, 1, tag=51) == 1
+            assert (first == 0).all(), "a withdrawn receive took data"
+        else:  # it stays posted and takes the message
+            work.wait()
+            second = first
+        assert (second == 7).all()
+        third = np.zeros(2, dtype=np.float64)
+        done = pg.irecv(third, 1, tag=53)
+        done.wait()
+        assert not done.cancel(), "cancel() of a completed receive returned True"
+        assert (third == 9).all() and done.source_rank() == 1
+    elif rank == 1:
+        pg.recv(np.zeros(1), 0, tag=52)
+        pg.send(np.full(4, 7, dtype=np.int32), 0, tag=51)
+        pg.send(np.full(2, 9, dtype=np.float64), 0, tag=53)
+
+
+@check
 def check_group_point_to_point(rank: int, size: int, opts: dict[str, Any]) -> None:
     """p2p on a group: world ranks in, world ranks out, and only members are heard."""
     if size < 3:
