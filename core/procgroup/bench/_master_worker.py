@@ -3,7 +3,9 @@
 Each measurement starts its own processes on this host: 1 master + 1 worker for the
 round trip, the async throughput and the large get; 1 master + 2 workers for the copy
 between workers; 2 ranks for the backend's plain send/recv of the same size (the
-yardstick of the copy). With ``--compare torch`` the same measurements run on
+yardstick of the copy). The copy's job also times that send/recv between its two
+workers (``remote.run`` on each end, timed on the sender), alternated with the copies,
+so that both meet the same moment of a noisy machine. With ``--compare torch`` the same measurements run on
 torch.distributed.rpc (TensorPipe) in the same run. Medians of ``--reps`` timed
 repetitions after a warm-up; a table on stdout, optional ``--json``.
 
@@ -94,9 +96,58 @@ def role_master_worker(a: argparse.Namespace) -> dict[str, Any]:
             del moved
             return dt
 
-        out["to_GBps"] = a.size / _median(to, a.reps) / 1e9
+        def between_workers() -> float:
+            taken = remote.run_async(_yard_recv, a.size, 1, node=1)
+            dt = remote.run(_yard_send, a.size, 2, node=0).get()
+            taken.get()
+            return float(dt)
+
+        # alternated, so that both see the same moment of a noisy machine
+        to_times, yard_times = [], []
+        to(), between_workers()  # warm-up
+        for _ in range(a.reps):
+            to_times.append(to())
+            yard_times.append(between_workers())
+        out["to_GBps"] = a.size / statistics.median(to_times) / 1e9
+        out["workers_sendrecv_GBps"] = a.size / statistics.median(yard_times) / 1e9
     pg.destroy_process_group()
     return out
+
+
+#: user tags of the in-job yardstick (master-worker traffic uses 2**30 and up)
+_YARD_TAG = 7000
+_yard_buffers: dict[int, np.ndarray] = {}
+
+
+def _yard_buffer(nbytes: int) -> np.ndarray:
+    buf = _yard_buffers.get(nbytes)
+    if buf is None:
+        buf = _yard_buffers[nbytes] = np.ones(nbytes, np.uint8)
+    return buf
+
+
+def _yard_send(nbytes: int, peer: int) -> float:
+    """On a worker (remote.run): the backend's own send of ``nbytes`` to world rank
+    ``peer`` once its receive is posted, and the 1-byte ack back, timed here."""
+    import procgroup as pg
+
+    buf, flag = _yard_buffer(nbytes), np.zeros(1, np.uint8)
+    pg.recv(flag, peer, tag=_YARD_TAG)  # the receive is posted
+    t = time.perf_counter()
+    pg.send(buf, peer, tag=_YARD_TAG + 1)
+    pg.recv(flag, peer, tag=_YARD_TAG + 2)
+    return time.perf_counter() - t
+
+
+def _yard_recv(nbytes: int, peer: int) -> None:
+    """The other end of :func:`_yard_send`: post the receive, say so, take it, ack."""
+    import procgroup as pg
+
+    buf, flag = _yard_buffer(nbytes), np.zeros(1, np.uint8)
+    work = pg.irecv(buf, peer, tag=_YARD_TAG + 1)
+    pg.send(flag, peer, tag=_YARD_TAG)
+    work.wait()
+    pg.send(flag, peer, tag=_YARD_TAG + 2)
 
 
 def role_sendrecv(a: argparse.Namespace) -> dict[str, Any]:
@@ -261,7 +312,8 @@ def _rows(size: int) -> list[tuple[str, str, Callable[[Any], str], bool | None]]
         ("  exact final value", "async_exact", str, None),
         (f"{big} get (worker -> master)", "get_GBps", lambda v: f"{v:.2f} GB/s", False),
         (f"{big} worker -> worker (.to)", "to_GBps", lambda v: f"{v:.2f} GB/s", False),
-        (f"{big} send/recv (the yardstick of .to)", "sendrecv_GBps", lambda v: f"{v:.2f} GB/s", None),
+        (f"{big} send/recv, 2-rank job", "sendrecv_GBps", lambda v: f"{v:.2f} GB/s", None),
+        (f"{big} send/recv, the same 2 workers", "workers_sendrecv_GBps", lambda v: f"{v:.2f} GB/s", None),
     ]
 
 
@@ -279,9 +331,12 @@ def table(result: dict[str, Any]) -> str:
             ratio = f"{(tv / pv if lower_better else pv / tv):.2f}x"
         lines.append(f"{label:44} {fmt(pv) if pv is not None else '-':>14} "
                      f"{fmt(tv) if tv is not None else '-':>18} {ratio:>7}")
-    to, sr = p.get("to_GBps"), p.get("sendrecv_GBps")
+    to, sr, wsr = p.get("to_GBps"), p.get("sendrecv_GBps"), p.get("workers_sendrecv_GBps")
     if isinstance(to, float) and isinstance(sr, float) and sr:
-        lines.append(f"# .to() moves at {to / sr:.2f}x the speed of the backend's own send/recv")
+        lines.append(f"# .to() moves at {to / sr:.2f}x the speed of the backend's own send/recv in a 2-rank job")
+    if isinstance(to, float) and isinstance(wsr, float) and wsr:
+        lines.append(f"# .to() moves at {to / wsr:.2f}x the speed of a send/recv between the same two workers, "
+                     f"alternated with it in one job")
     return "\n".join(lines)
 
 
@@ -323,7 +378,8 @@ def main(argv: Sequence[str]) -> int:
         "versions": {"procgroup": pg.__version__, "numpy": np.__version__, "python": platform.python_version()},
     }
     p = _launch("master-worker", 2, a, argv)
-    p.update({k: v for k, v in _launch("master-worker", 3, a, argv).items() if k == "to_GBps"})
+    p.update({k: v for k, v in _launch("master-worker", 3, a, argv).items()
+              if k in ("to_GBps", "workers_sendrecv_GBps")})
     p.update(_launch("sendrecv", 2, a, argv))
     result["procgroup"] = p
     if "torch" in a.compare:
