@@ -159,13 +159,14 @@ def test_master_worker_mode(tmp_path: Path) -> None:
                    "--json", str(out)])
     assert proc.returncode == 0, f"procgroup-bench master-worker failed:\n{proc.stdout}\n{proc.stderr}"
     assert "procgroup-bench master-worker: backend tcp" in proc.stdout
-    for label in ("round trip", "async in-place ops", "64 KiB get", "64 KiB worker -> worker", "64 KiB send/recv"):
+    for label in ("round trip", "async in-place ops", "64 KiB get", "64 KiB worker -> worker",
+                  "64 KiB send/recv, 2-rank job", "64 KiB send/recv, the same 2 workers"):
         assert label in proc.stdout
     result = json.loads(out.read_text())
     assert result["backend"] == "tcp" and result["size"] == 65536 and result["async_ops"] == 200
     p = result["procgroup"]
     assert p["async_exact"] is True
-    for key in ("round_trip_s", "async_ops_per_s", "get_GBps", "to_GBps", "sendrecv_GBps"):
+    for key in ("round_trip_s", "async_ops_per_s", "get_GBps", "to_GBps", "sendrecv_GBps", "workers_sendrecv_GBps"):
         assert isinstance(p[key], float) and math.isfinite(p[key]) and p[key] > 0, key
 
 
