@@ -163,12 +163,12 @@ class NodeLink:
                 got = recv_posted(channel, self.master.scratch(), self.rank, tag, out, work)
             else:
                 got = recv_array(channel, self.master.scratch(), self.rank, tag, shape, dtype)
-        except CommTimeoutError as exc:
-            raise CommTimeoutError(f"{what}: node {self.node} (rank {self.rank}) did not answer: {exc}",
-                                   op=what, ranks=[self.rank]) from None
-        except BaseException:
+        except BaseException as exc:
             if work is not None:
-                work.cancel()
+                work.cancel()  # nothing may land in ``out`` after this
+            if isinstance(exc, CommTimeoutError):
+                raise CommTimeoutError(f"{what}: node {self.node} (rank {self.rank}) did not answer: {exc}",
+                                       op=what, ranks=[self.rank]) from None
             raise
         if isinstance(got, list):
             raise remote_error(got)

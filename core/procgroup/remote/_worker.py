@@ -587,7 +587,11 @@ def _post_recv_from(w: Worker, j: Job, buf: np.ndarray) -> tuple[Any, Any]:
         return exc, None
     work = post_array(w.channel, src, tag, out)
     buf[0] = P.READY
-    w.channel.send(buf[:1], src, tag)
+    try:
+        w.channel.send(buf[:1], src, tag)
+    except BaseException:
+        work.cancel()
+        raise
     return out, work
 
 
@@ -716,13 +720,13 @@ def _start_send_to(w: Worker, j: Job, obj: Slot, dst: int, tag: int) -> None:
     j.extra = (ready_work, ready, None)
     st = w.streams.get(j.stream)
     if (st is not None and not st.idle) or not obj.ready.is_set() or obj.error is not None \
-            or type(obj.value) is not np.ndarray or not ready_work.is_completed():
-        return
+            or type(obj.value) is not np.ndarray or not obj.value.flags.c_contiguous \
+            or not ready_work.is_completed():
+        return  # the stream's job does the rest (no copy, no waiting on this thread)
     ready_work.wait()
     if ready[0] != P.READY:
         return
-    host = np.ascontiguousarray(obj.value)
-    j.extra = (ready_work, ready, P.send_posted(w.channel, w.main_buf, dst, tag, P.byte_view(host)))
+    j.extra = (ready_work, ready, P.send_posted(w.channel, w.main_buf, dst, tag, P.byte_view(obj.value)))
 
 
 def _prep_record(w: Worker, j: Job) -> None:
