@@ -335,8 +335,13 @@ def _die_in_collective(rank: int, size: int) -> dict[str, Any]:
     import procgroup as pg
 
     pg.barrier()
+    # the last rank dies only once every rank is past the barrier: a rank still in it
+    # would fail there (its channel breaks at the death), not in the collective below
     if rank == size - 1:
+        for r in range(size - 1):
+            pg.recv(np.zeros(1), r, tag=77)
         os._exit(3)
+    pg.send(np.ones(1), size - 1, tag=77)
     start = time.monotonic()
     try:
         for _ in range(200):

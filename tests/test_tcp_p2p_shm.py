@@ -263,9 +263,17 @@ def _die_while_peer_waits(rank: int, size: int, nbytes: int) -> dict[str, Any]:
 
     assert _links() == {r: True for r in range(size) if r != rank}
     pg.barrier()
+    # rank 2 dies once every rank is past the barrier (a rank still in it would fail
+    # there) and, after its go, reads nothing more: the large send below stays pending
     if rank == 2:
+        for r in range(2):
+            pg.recv(np.zeros(1), r, tag=77)
+        for r in range(2):
+            pg.send(np.ones(1), r, tag=78)
         time.sleep(0.3)
         os._exit(3)
+    pg.send(np.ones(1), 2, tag=77)
+    pg.recv(np.zeros(1), 2, tag=78)
     start = time.monotonic()
     try:
         if rank == 0:

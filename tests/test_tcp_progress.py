@@ -170,9 +170,12 @@ def _death_seen_while_reading(rank: int, size: int) -> tuple[str, tuple[int, ...
 
     buf = np.zeros(4)
     pg.barrier()
-    if rank == 2:
+    if rank == 2:  # dies once every rank is past the barrier, and is reading below
+        for r in range(2):
+            pg.recv(np.zeros(1), r, tag=77)
         time.sleep(0.3)
         os._exit(3)
+    pg.send(np.ones(1), 2, tag=77)
     with pytest.raises(pg.PeerError) as info:
         pg.recv(buf, src=1 if rank == 0 else 2)
     return str(info.value), tuple(info.value.ranks)

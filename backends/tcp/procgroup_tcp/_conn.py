@@ -257,6 +257,8 @@ def _connect_to(ctx: ChannelContext, key: bytes, peer: int, deadline: float) -> 
     gr = ctx.global_rank(peer)
     last: OSError | None = None
     while time.monotonic() < deadline:
+        if ctx.abort is not None:  # shrink: a member died (maybe this one), give up at once
+            ctx.abort()
         try:
             sock = socket.create_connection((host, int(port)), timeout=max(deadline - time.monotonic(), 0.1))
         except OSError as exc:
