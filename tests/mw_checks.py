@@ -12,6 +12,7 @@ import gc
 import os
 import sys
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import procgroup as pg
@@ -562,27 +563,29 @@ def to_between_nodes() -> None:
     same(R.ones(3, node=1).to(0), np.ones(3), "both nodes still usable")
 
 
+def fails_on(action: Callable[[], object], node: int, what: str, **expect: str) -> None:
+    """``action()`` raises the RemoteError of ``node``, with the fields in ``expect``."""
+    try:
+        action()
+    except pg.RemoteError as exc:
+        assert exc.node == node and all(getattr(exc, k) == v for k, v in expect.items()), (what, vars(exc))
+    else:
+        raise AssertionError(f"{what} did not raise")
+
+
 @check
 def copy_failures() -> None:
-    """A copy whose source failed, or whose receiver cannot allocate, fails that one array
-    (naming the node at fault) and leaves both nodes usable: the sender never waits for a
-    receive that will not come, nor the receiver for data that will not."""
+    """A copy whose source failed, or whose receiver cannot allocate (a ``.to()``, a
+    ``remote.send``), fails that one array (naming the node at fault) and leaves both nodes
+    usable: the sender never waits for a receive that will not come, nor the receiver for
+    data that will not."""
     if pg.num_nodes() < 2:
         return
     size = (3 << 20) + 5  # past the frame and the READY threshold: posted where receives cancel
     bad = R.empty(1 << 44, np.uint8, node=0)[:size]  # fails on node 0; node 1 can hold its size
-    moved = bad.to(1)
-    try:
-        moved.get()
-    except pg.RemoteError as exc:
-        assert exc.node == 0 and exc.op == "empty", vars(exc)
-    else:
-        raise AssertionError("moving a failed 3 MiB array did not raise")
+    fails_on(bad.to(1).get, 0, "moving a failed 3 MiB array", op="empty")
     same(R.full(4, 2.0, node=0).to(1), np.full(4, 2.0), "both nodes usable after a failed source")
-    try:
-        pg.synchronize(0)  # node 0's own failure, not reported there yet
-    except pg.RemoteError as exc:
-        assert exc.node == 0 and exc.op == "empty", vars(exc)
+    fails_on(lambda: pg.synchronize(0), 0, "node 0's own failure, not reported there yet", op="empty")
     source = R.full(64 << 20, 7, np.uint8, node=0)
     pg.synchronize(0)
     soft = R.run(cap_memory, 16 << 20, node=1).get()
@@ -590,20 +593,14 @@ def copy_failures() -> None:
         return
     try:
         refused = source.to(1)  # node 1 cannot allocate 64 MiB now
-        try:
-            pg.synchronize(1)
-        except pg.RemoteError as exc:
-            assert exc.node == 1 and exc.exc_type == "MemoryError", vars(exc)
-        else:
-            raise AssertionError("a copy to a node out of memory did not fail")
+        fails_on(lambda: pg.synchronize(1), 1, "a copy to a node out of memory", exc_type="MemoryError")
+        unsent = R.send(np.ones(64 << 20, np.uint8), node=1)  # returns: the node said NOT_READY
+        fails_on(lambda: pg.synchronize(1), 1, "a remote.send to a node out of memory", exc_type="MemoryError",
+                 op="put")
     finally:
         R.run(uncap_memory, soft, node=1).get()
-    try:
-        refused.get()
-    except pg.RemoteError as exc:
-        assert exc.node == 1 and exc.exc_type == "MemoryError", vars(exc)
-    else:
-        raise AssertionError("the array a failed copy produced did not raise")
+    fails_on(unsent.get, 1, "the array a failed remote.send produced", exc_type="MemoryError")
+    fails_on(refused.get, 1, "the array a failed copy produced", exc_type="MemoryError")
     source += 1  # the sender's stream went on: it did not wait for data to be taken
     assert int(source[-1]) == 8
     same(source[:5].to(1), np.full(5, 8, np.uint8), "both nodes usable after a refused copy")

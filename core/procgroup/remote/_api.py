@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import _lifecycle, _state
-from ..errors import InvalidArgumentError, ProcGroupError
+from ..errors import CommTimeoutError, InvalidArgumentError, ProcGroupError
 from ..ops import ReduceOp
 from . import _master, _meta, _worker
 from . import _protocol as P
@@ -227,13 +227,26 @@ def send(array: Any, *, node: int | None = None, device: int = -1) -> RemoteArra
     sid = m.stream_id(link.node)
     outs = ((out._id, out.shape, out.dtype.str),)
     if src.nbytes <= INLINE_SEND:
-        link.issue(("put", sid, outs, (), True, (src.shape, src.dtype.str, device, src.tobytes(), 0)))
+        link.issue(("put", sid, outs, (), True, (src.shape, src.dtype.str, device, src.tobytes(), 0, False)))
         return out
     tag = P.transfer_tag(next(m.transfers))
+    # a large array waits for the node's READY (its receive posted into the result, on its
+    # dispatching thread): the data then lands in place, not in an unexpected-message buffer
+    posted = src.nbytes >= P.RENDEZVOUS_BYTES
     with link.lock:
-        link.pending.append(("put", sid, outs, (), False, (src.shape, src.dtype.str, device, None, tag)))
+        link.pending.append(("put", sid, outs, (), False, (src.shape, src.dtype.str, device, None, tag, posted)))
         link._flush_locked()
-        P.send_payload(m.channel, link.buf, link.rank, tag, P.K_OK, P.byte_view(src))
+        if not posted:
+            P.send_payload(m.channel, link.buf, link.rank, tag, P.K_OK, P.byte_view(src))
+            return out
+    ready = np.empty(1, np.uint8)
+    try:
+        m.channel.recv(ready, link.rank, tag)
+    except CommTimeoutError as exc:
+        raise CommTimeoutError(f"remote.send: node {link.node} (rank {link.rank}) did not take the data: {exc}",
+                               op="remote.send", ranks=[link.rank]) from None
+    if ready[0] == P.READY:  # else it could not allocate: the array raises at its sync point
+        m.channel.send(P.byte_view(src), link.rank, P.data_tag(tag))
     return out
 
 

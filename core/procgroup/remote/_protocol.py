@@ -14,7 +14,9 @@ A large array bound for a receiver that knows its shape (a ``get``, a ``.to``) t
 the receiver allocates the result and posts its receive on :func:`data_tag` before the
 sender may send, then reads the sender's frame: K_OK (the data follows straight into the
 result) or K_ERR (the receive is withdrawn). Elsewhere the sender's frame goes first and a
-large remainder waits for the receiver's READY byte (:func:`send_array`).
+large remainder waits for the receiver's READY byte (:func:`send_array`). A large
+``remote.send`` needs no cancel (the master's data cannot fail): the master waits for the
+node's READY, sent once its receive is posted on :func:`data_tag`, then sends the data.
 
 Commands are pickles and are accepted only from rank 0, the master: an authenticated
 member of the job (docs/security.md).

@@ -430,9 +430,16 @@ def _h_new(w: Worker, j: Job) -> None:
 
 
 def _h_put(w: Worker, j: Job) -> None:
-    shape, dtype, device, data, tag = j.args
+    shape, dtype, device, data, tag, posted = j.args
     if data is not None:
         arr = np.frombuffer(data, dtype).reshape(shape).copy()
+    elif posted:  # _prep_put posted the receive and answered READY
+        if isinstance(j.extra, BaseException):
+            raise j.extra
+        arr, work = j.extra
+        if work is None:
+            raise arr  # the allocation failed; the master was told NOT_READY and sent nothing
+        work.wait()
     else:
         arr = w.recv_array(0, tag, shape, np.dtype(dtype))
         if isinstance(arr, list):
@@ -576,9 +583,13 @@ def _h_recv_from(w: Worker, j: Job) -> None:
 
 
 def _post_recv_from(w: Worker, j: Job, buf: np.ndarray) -> tuple[Any, Any]:
+    shape, dtype, _, src, tag, _ = j.args
+    return _post_receive(w, shape, dtype, src, tag, buf)
+
+
+def _post_receive(w: Worker, shape: Any, dtype: Any, src: int, tag: int, buf: np.ndarray) -> tuple[Any, Any]:
     """Allocate the result, post its receive and send READY (or NOT_READY): (the array,
     the receive's Work), or (the allocation's error, None)."""
-    shape, dtype, _, src, tag, _ = j.args
     try:
         out = w.cache.empty(tuple(shape), np.dtype(dtype))
     except Exception as exc:  # noqa: BLE001 - MemoryError, a bad shape: raised by the job
@@ -702,6 +713,17 @@ def _prep_recv_from(w: Worker, j: Job) -> None:
             j.extra = exc
 
 
+def _prep_put(w: Worker, j: Job) -> None:
+    """A large remote.send: the master waits for READY before its data moves, straight
+    into the result (never into the transport's unexpected-message buffer)."""
+    shape, dtype, _, _, tag, posted = j.args
+    if posted:
+        try:
+            j.extra = _post_receive(w, shape, dtype, 0, tag, w.main_buf)
+        except Exception as exc:  # noqa: BLE001 - the job raises it on its stream
+            j.extra = exc
+
+
 def _prep_send_to(w: Worker, j: Job) -> None:
     """A posted copy's sender listens for READY at dispatch; when its stream is idle, its
     array computed and READY already here, it sends right away (the stream's job then only
@@ -752,7 +774,7 @@ def _prep_run(w: Worker, j: Job) -> None:
 
 _PREPARE: dict[str, Callable[[Worker, Job], None]] = {
     "record": _prep_record, "wait_event": _prep_wait_event, "coll": _prep_coll, "run": _prep_run,
-    "recv_from": _prep_recv_from, "send_to": _prep_send_to,
+    "recv_from": _prep_recv_from, "send_to": _prep_send_to, "put": _prep_put,
 }
 
 
