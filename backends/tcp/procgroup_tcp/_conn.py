@@ -392,10 +392,13 @@ class Peer(FrameReader):
             return CommTimeoutError(
                 f"send to rank {self.global_rank} timed out after {self.timeout}s (it is not reading)",
                 op="send", ranks=[self.global_rank])
+        known = self.events.known_failure()
         lost = PeerError(f"rank {self.global_rank} is unreachable: connection lost while sending ({exc})",
                          rank=self.global_rank)
         self.events.peer_failed(self, lost)
-        return lost
+        # a channel broken by an earlier death: that death is the cause (this peer may have
+        # seen it too and left at once), so the caller hears of it, not of this write
+        return lost if known is None else fresh(known)
 
     def send_notice(self, body: bytes, kind: int, wait: float = 1.0) -> None:
         """Write a small control frame now, on the caller's thread, even after sends were

@@ -96,6 +96,10 @@ class PeerEvents(abc.ABC):
     def peer_failed(self, peer: Peer, exc: PeerError) -> None:
         """``peer``'s connection broke without a goodbye."""
 
+    def known_failure(self) -> BaseException | None:
+        """The error the channel already broke with (a death seen earlier), else None."""
+        return None
+
 
 class _Direct:
     """``_current`` while a caller's unposted receive streams in: its reader is the waiting

@@ -274,12 +274,25 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
 
     def peer_left(self, peer: Peer) -> None:
         """A goodbye: fail the receives that wait on that peer alone (after taking in what it
-        wrote to shared memory before it left, which is still delivered)."""
-        exc = left_error(peer.global_rank)
+        wrote to shared memory before it left, which is still delivered).
+
+        A peer that saw a death often leaves right after it: when this channel knows of a
+        death, those receives get the death, not the leave (another thread may be breaking
+        the channel at this moment, and its error must not lose the race to this one)."""
+        exc: BaseException = left_error(peer.global_rank)
+        dead = self.failed_ranks()
+        if self._failure is not None:
+            exc = self._failure
+        elif dead:
+            gr = self.ctx.global_rank(dead[0])
+            exc = PeerError(f"rank {gr} died (rank {peer.global_rank} left after it)", rank=gr)
         if self._p2p is not None and peer.rank in self._shm_out:
             self._p2p.drain_from(peer.rank)
             self._p2p.fail_to(peer.rank, exc)
         self._matcher.fail_from(peer.rank, exc)
+
+    def known_failure(self) -> BaseException | None:
+        return self._failure
 
     def peer_failed(self, peer: Peer, exc: PeerError) -> None:
         """A connection dropped without goodbye: break the channel for every caller, and
