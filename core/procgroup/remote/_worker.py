@@ -173,7 +173,11 @@ class Worker:
     def reply_error(self, tag: int, errors: list[ErrorInfo]) -> None:
         for e in errors:
             e.reported = True
-        P.send_payload(self.channel, self.buf(), 0, tag, P.K_ERR, P.dumps([e.as_tuple() for e in errors]))
+        self.send_errors(0, tag, errors)
+
+    def send_errors(self, dst: int, tag: int, errors: list[ErrorInfo]) -> None:
+        """A K_ERR frame in place of the array ``dst`` waits for."""
+        P.send_payload(self.channel, self.buf(), dst, tag, P.K_ERR, P.dumps([e.as_tuple() for e in errors]))
 
     def send_array(self, dst: int, tag: int, value: Any) -> None:
         host = _host(value)
@@ -538,9 +542,10 @@ def _h_send_to(w: Worker, j: Job) -> None:
             ready_work.wait()
             ready = ready_buf[0]
         if ready != P.READY:  # it could not allocate the result: no data, only why not
-            errors = [obj.error] if obj.error is not None else []
-            P.send_payload(w.channel, buf, dst, tag, P.K_ERR if errors else P.K_OK,
-                           P.dumps([e.as_tuple() for e in errors]) if errors else b"")
+            if obj.error is not None:
+                w.send_errors(dst, tag, [obj.error])
+            else:
+                P.send_payload(w.channel, buf, dst, tag, P.K_OK, b"")
             return
     errors = [obj.error] if obj.error is not None else None
     if errors is None:
@@ -549,7 +554,7 @@ def _h_send_to(w: Worker, j: Job) -> None:
         except BaseException as exc:  # noqa: BLE001 - the receiver is waiting for this frame
             errors = [w.record_error(j, exc, "to")]
     if errors is not None:
-        P.send_payload(w.channel, buf, dst, tag, P.K_ERR, P.dumps([e.as_tuple() for e in errors]))
+        w.send_errors(dst, tag, errors)
     elif posted:
         P.send_posted(w.channel, buf, dst, tag, P.byte_view(host)).wait()
     else:
@@ -562,7 +567,7 @@ def _h_recv_from(w: Worker, j: Job) -> None:
         buf = w.buf()
         if isinstance(j.extra, BaseException):
             raise j.extra
-        out, work = j.extra if j.extra is not None else _post_recv_from(w, j, buf)
+        out, work = j.extra if j.extra is not None else _post_receive(w, shape, dtype, src, tag, buf)
         if work is None:  # we could not allocate: the source array's own failure says more
             kind, payload = P.recv_payload(w.channel, buf, src, tag)
             if kind != P.K_ERR:
@@ -580,11 +585,6 @@ def _h_recv_from(w: Worker, j: Job) -> None:
         with cp.cuda.Device(device):
             got = cp.asarray(got)
     j.outs[0].value = got
-
-
-def _post_recv_from(w: Worker, j: Job, buf: np.ndarray) -> tuple[Any, Any]:
-    shape, dtype, _, src, tag, _ = j.args
-    return _post_receive(w, shape, dtype, src, tag, buf)
 
 
 def _post_receive(w: Worker, shape: Any, dtype: Any, src: int, tag: int, buf: np.ndarray) -> tuple[Any, Any]:
@@ -706,9 +706,10 @@ def _prep_recv_from(w: Worker, j: Job) -> None:
     """A posted copy's receiver posts and answers READY at dispatch, not when its stream
     gets there: the result is a fresh array no earlier op touches, and the sender need
     not wait for this worker's thread hand-off."""
-    if j.args[5]:
+    shape, dtype, _, src, tag, posted = j.args
+    if posted:
         try:
-            j.extra = _post_recv_from(w, j, w.main_buf)
+            j.extra = _post_receive(w, shape, dtype, src, tag, w.main_buf)
         except Exception as exc:  # noqa: BLE001 - the job raises it on its stream
             j.extra = exc
 
