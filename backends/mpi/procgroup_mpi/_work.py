@@ -105,6 +105,9 @@ class MpiWork(Work):
     def result(self) -> Any:
         return self._value  # set only by a receive that completed without error
 
+    def _await_limit(self) -> float:
+        return self._channel.timeout  # ``await`` polls as long as a blocking wait() waits
+
     # ------------------------------------------------------------ the op's side
     def _poll(self, timeout: float | None) -> None:
         """Poll until done; CommTimeoutError after ``timeout`` (None: the channel's)."""

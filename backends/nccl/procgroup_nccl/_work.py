@@ -117,6 +117,11 @@ class NcclWork(Work):
         self._raise_error()
         return True
 
+    def _await_limit(self) -> float:
+        # ``await`` waits for the op on the GPU (not only for the caller's stream): the
+        # watchdog fails it at its deadline, this margin only covers the watchdog's tick
+        return max(0.0, self._inflight.deadline - time.monotonic()) + 5.0
+
     def _raise_error(self) -> None:
         err = self._inflight.error
         if err is not None:

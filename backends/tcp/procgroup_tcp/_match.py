@@ -129,6 +129,9 @@ class PostedRecv(Work):
     def exception(self) -> BaseException | None:
         return self.error if self.completed else None
 
+    def _await_limit(self) -> float:
+        return self._matcher.timeout  # ``await`` polls as long as a blocking wait() waits
+
     def result(self) -> Any:
         return self.sender if self.completed and self.error is None else None
 

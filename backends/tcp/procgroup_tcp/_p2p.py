@@ -192,6 +192,9 @@ class SendJob(Work):
     def exception(self) -> BaseException | None:
         return self.error if self.finished() else None
 
+    def _await_limit(self) -> float:
+        return self.engine.timeout  # ``await`` polls as long as a blocking wait() waits
+
 
 class OutLink:
     """This rank's end of the ring it writes in a peer's inbox (and that peer's doorbell)."""

@@ -3,15 +3,40 @@
 A backend's ``start_<op>`` returns a Work; a blocking call is that Work's ``wait()``.
 Ops a backend runs on the caller's thread (``do_<op>``) become a :class:`FutureWork`
 on the channel's :class:`OrderedExecutor` when the caller asks for ``async_op=True``.
+
+Every Work is awaitable (``await work`` in a coroutine) without blocking the event loop.
+How it waits depends on what the Work can do, chosen once per kind:
+
+- :class:`FutureWork` is notified: its future's completion callback wakes the loop
+  (``loop.call_soon_threadsafe``); the op's own timeout bounds it, on its thread.
+- :class:`CompletedWork` is done; :class:`MappedWork` awaits the Work it wraps.
+- Any other Work (a backend's own: tcp's posted receives, MPI requests, NCCL ops) is
+  polled: :meth:`Work.is_completed` (which drives a backend's progress) between
+  ``asyncio.sleep`` pauses that double from :data:`AWAIT_POLL_MIN_S` to
+  :data:`AWAIT_POLL_MAX_S`, for at most :meth:`Work._await_limit` seconds (the group's
+  timeout), after which the await raises :class:`~procgroup.errors.CommTimeoutError`.
+
+Once done, the await calls :meth:`Work.wait`, which returns at once: the op's error is
+raised at the ``await``, and a Work's finishing step (a staged copy back) runs there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
+import time
+from collections.abc import Generator
 from typing import Any, Callable
 
 from ..errors import ChannelClosedError, CommTimeoutError, ProcGroupError, WorkCancelledError
+
+#: the first pause (seconds) of an await that polls its Work: a short op is seen done
+#: within a fraction of a millisecond ...
+AWAIT_POLL_MIN_S = 5e-5
+#: ... and the pause doubles up to this, so a long wait costs the loop one poll every few
+#: milliseconds
+AWAIT_POLL_MAX_S = 0.005
 
 
 class Work:
@@ -57,6 +82,49 @@ class Work:
         value = self.result()
         return None if value is None else int(value)
 
+    # ------------------------------------------------------------ asyncio
+    def __await__(self) -> Generator[Any, None, bool]:
+        """``await work``: wait for the op without blocking the event loop (other tasks
+        run meanwhile); raises the op's error like :meth:`wait`, or
+        :class:`~procgroup.errors.CommTimeoutError` past the group's timeout. Returns True.
+        ``asyncio.gather(*works)`` waits for several; ``asyncio.wait_for(work, t)`` bounds
+        the await (the op goes on, as after ``wait(timeout=t)``)."""
+        return self._await_done().__await__()
+
+    async def _await_done(self) -> bool:
+        if not self.is_completed():
+            await self._until_completed()
+        return self.wait()  # done: returns at once, or raises the op's error
+
+    async def _until_completed(self) -> None:
+        """Return once :meth:`is_completed`; the default polls it (see the module doc).
+        A Work that can notify its completion overrides this."""
+        limit = self._await_limit()
+        deadline = None if limit is None else time.monotonic() + limit
+        pause = AWAIT_POLL_MIN_S
+        while True:
+            await asyncio.sleep(pause)
+            if self.is_completed():
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                self._await_expired(limit)
+            pause = min(pause * 2, AWAIT_POLL_MAX_S)
+
+    def _await_limit(self) -> float | None:
+        """How long (seconds) a polled ``await`` waits for this Work: a backend's Work
+        returns its group's timeout. None (the default) puts no limit of its own: the op
+        must be bounded by its backend (a deadline that fails it)."""
+        return None
+
+    def _await_expired(self, limit: float | None) -> None:
+        """A polled await ran out :meth:`_await_limit`: withdraw a receive (as a blocking
+        wait past the group's timeout does) and raise CommTimeoutError."""
+        withdrawn = self.cancel()
+        if self.is_completed() and not withdrawn:
+            return  # it completed at the last moment: the await's wait() reports it
+        raise CommTimeoutError(f"{self.op} did not finish within the group's timeout ({limit:g} s) "
+                               f"while awaited", op=self.op)
+
 
 class CompletedWork(Work):
     """A Work that is already done (world size 1, empty arrays, an inline send, ...)."""
@@ -75,6 +143,9 @@ class CompletedWork(Work):
 
     def result(self) -> Any:
         return self._value
+
+    async def _until_completed(self) -> None:
+        return None
 
 
 class FutureWork(Work):
@@ -122,6 +193,21 @@ class FutureWork(Work):
             return None
         return self._future.result()
 
+    async def _until_completed(self) -> None:
+        """Woken by the future's completion callback: the op runs on a channel thread,
+        bounded by the op's own timeout there, so this needs no limit of its own."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(_settle, woken)
+            except RuntimeError:  # the loop was closed meanwhile: nobody awaits any more
+                pass
+
+        self._future.add_done_callback(wake)  # runs at once when already done
+        await woken
+
 
 class MappedWork(Work):
     """Another Work whose result is passed through ``mapping`` (e.g. a rank translation)
@@ -153,6 +239,14 @@ class MappedWork(Work):
     def result(self) -> Any:
         value = self._inner.result()
         return self._map(value) if self._map is not None and value is not None else value
+
+    async def _until_completed(self) -> None:
+        await self._inner._until_completed()
+
+
+def _settle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():  # the awaiting task may have been cancelled meanwhile
+        waiter.set_result(None)
 
 
 class OrderedExecutor:
@@ -192,4 +286,4 @@ class OrderedExecutor:
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["CompletedWork", "FutureWork", "MappedWork", "OrderedExecutor", "Work"]
+__all__ = ["AWAIT_POLL_MAX_S", "AWAIT_POLL_MIN_S", "CompletedWork", "FutureWork", "MappedWork", "OrderedExecutor", "Work"]
