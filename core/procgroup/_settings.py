@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime
 import math
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from .errors import InvalidArgumentError
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from ._settings import plain_problem, timeout_seconds
 from .errors import InvalidArgumentError

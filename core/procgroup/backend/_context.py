@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
 
 if TYPE_CHECKING:
     from ..rendezvous import Store
@@ -43,7 +44,7 @@ class ChannelContext:
 
     rank: int
     size: int
-    store: "Store"  # a PrefixStore private to this channel
+    store: Store  # a PrefixStore private to this channel
     timeout: float  # seconds; every blocking call of the channel honours it
     master_addr: str | None = None  # where rank 0 of the world is reached (interface choice)
     global_ranks: tuple[int, ...] = ()  # world rank of each channel rank, for messages
@@ -53,7 +54,7 @@ class ChannelContext:
     #: Opens a host (CPU) point-to-point channel over the same members: the best
     #: installed side-channel backend, picked by the core's registry. A backend whose
     #: own transport cannot do what it needs (gloo's p2p) uses it.
-    open_side_channel: "Callable[[ChannelContext], DataChannel] | None" = None
+    open_side_channel: Callable[[ChannelContext], DataChannel] | None = None
     #: The job's HMAC key (from the job token): every connection the channel opens starts
     #: with client_handshake/server_handshake on it. None: the key of "no token".
     job_key: bytes | None = None

@@ -16,7 +16,8 @@ that listing backends stays cheap.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
 
 import pluggy
 
@@ -42,7 +43,7 @@ class BackendSpec:
 
     name: str
     #: Returns the DataChannel subclass; called once, at init_process_group.
-    loader: Callable[[], "type[DataChannel]"]
+    loader: Callable[[], type[DataChannel]]
     #: Devices whose arrays the channel takes directly ("cpu", "cuda"). CUDA arrays given
     #: to a cpu-only backend are staged through host memory by the core.
     devices: tuple[str, ...] = ("cpu",)

@@ -14,7 +14,8 @@ default, and async collectives complete before the call returns.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from .._settings import env_flag
 from ..errors import PeerError, ProcGroupError, UnsupportedOperationError

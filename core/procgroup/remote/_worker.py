@@ -903,7 +903,7 @@ def _m_bye(w: Worker, tag: int) -> bool:
         # every rank leaves together, as after any program's last barrier: some transports
         # (MPI) free their communicators collectively
         _ops.barrier()
-    except Exception:  # noqa: BLE001, S110
+    except Exception:  # noqa: BLE001
         pass
     return False
 
