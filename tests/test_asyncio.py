@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from _installed import gloo_engine_env, require_mpi
+from test_master_worker import launch, results_of
 
 from procgroup.testing import spawn
 
@@ -191,3 +193,24 @@ def test_await_ends_at_the_group_timeout(backend: str) -> None:
     out = results[1]
     assert out["error"] is not None and "timeout" in out["error"], out
     assert out["waited"] >= 2.5, out
+
+
+# ------------------------------------------------------------ master-worker's sync points
+
+
+MW_CHECKS = Path(__file__).parent / "mw_asyncio_checks.py"
+
+
+@pytest.mark.parametrize("backend", ["tcp"])
+def test_master_worker_sync_points_await(backend: str) -> None:
+    """get_async, synchronize_async (module, Stream, Event) under a real loop: values,
+    gather across two nodes, the loop ticking while a slow remote function runs, and a
+    worker's failure raised at the await."""
+    ranks = launch(MW_CHECKS, 3, env={"MW_BACKEND": backend})
+    code, out, err = ranks[0]
+    results = results_of(out, err)
+    assert set(results) == {"get_async", "gather_across_nodes", "streams_and_events_async",
+                            "errors_at_the_await"}, results
+    failed = {name: tb for name, tb in results.items() if tb is not None}
+    assert not failed, "\n".join(f"{name}:\n{tb}" for name, tb in failed.items())
+    assert code == 0, err[-3000:]

@@ -5,7 +5,9 @@ one program (docs/master-worker.md).
 as node ``rank - 1``. Arrays made here (``remote.zeros(...)``, ``remote.send(ndarray)``)
 live on the current node; operations on them are issued asynchronously, run in order per
 stream on the worker, and the master waits only at get()/np.asarray/float/int/bool and
-the synchronizations.
+the synchronizations. Under asyncio, ``await x.get_async()``, ``await
+synchronize_async()`` and the streams' and events' ``synchronize_async()`` wait without
+blocking the event loop.
 """
 
 from ._api import (
@@ -33,6 +35,7 @@ from ._api import (
     send,
     set_node,
     synchronize,
+    synchronize_async,
     zeros,
     zeros_like,
 )
@@ -70,6 +73,7 @@ __all__ = [
     "send",
     "set_node",
     "synchronize",
+    "synchronize_async",
     "zeros",
     "zeros_like",
 ]

@@ -25,6 +25,7 @@ from ._array import (
     _device_arg,
     _issue,
     _placement,
+    in_executor,
     pickled_function,
 )
 from ._master import INLINE_SEND, SMALL_BYTES, Master, NodeLink, master
@@ -294,7 +295,16 @@ def run_async(fn: Any, *args: Any, node: int | None = None, **kwargs: Any) -> Re
 def synchronize(node: int | None = None) -> None:
     """Wait until every stream of ``node`` (default: the current node) ran what was issued;
     raise RemoteError for failures not reported yet."""
-    link = master().link(node)
+    _synchronize(master().link(node))
+
+
+async def synchronize_async(node: int | None = None) -> None:
+    """:func:`synchronize` for asyncio: ``await remote.synchronize_async()`` waits without
+    blocking the event loop."""
+    await in_executor(_synchronize, master().link(node))
+
+
+def _synchronize(link: NodeLink) -> None:
     link.request(lambda tag: ("sync", tag), "synchronize")
 
 
@@ -404,6 +414,10 @@ class Stream:
         sid = self.id
         self._master.link(self.node).request(lambda tag: ("ssync", sid, (), (), True, (tag,)), "Stream.synchronize")
 
+    async def synchronize_async(self) -> None:
+        """:meth:`synchronize` for asyncio: waits without blocking the event loop."""
+        await in_executor(self.synchronize)
+
     def query(self) -> bool:
         sid = self.id
         return bool(self._master.link(self.node).request(lambda tag: ("squery", sid, tag), "Stream.query"))
@@ -474,10 +488,15 @@ class Event:
         return bool(self._master.link(self.node).request(lambda tag: ("equery", eid, tag), "Event.query"))
 
     def synchronize(self) -> None:
+        """Wait until the work recorded before this event ran (at once if never recorded)."""
         if self.node is None:
             return
         eid = self._id
         self._master.link(self.node).request(lambda tag: ("esync", (eid,), tag), "Event.synchronize")
+
+    async def synchronize_async(self) -> None:
+        """:meth:`synchronize` for asyncio: waits without blocking the event loop."""
+        await in_executor(self.synchronize)
 
     def elapsed_time(self, end_event: Event) -> float:
         if self.node is None or end_event.node is None:
@@ -503,5 +522,5 @@ __all__ = [
     "Event", "RemoteArray", "RemoteValue", "Stream", "all_reduce", "arange", "broadcast", "current_node",
     "current_stream", "default_stream", "empty", "empty_cache", "empty_like", "full", "full_like",
     "init_master_worker", "memory_info", "node", "num_nodes", "ones", "ones_like", "run", "run_async", "send",
-    "set_node", "synchronize", "zeros", "zeros_like",
+    "set_node", "synchronize", "synchronize_async", "zeros", "zeros_like",
 ]

@@ -4,10 +4,16 @@ Every operation computes the result's shape and dtype here (:mod:`._meta`), so m
 raise NumPy's own exception at the call, then queues a command on the node's current
 stream and returns at once. Only get()/np.asarray/float/int/bool and the explicit
 synchronizations wait for the worker.
+
+Each sync point has an awaitable form for asyncio (``await x.get_async()``): what depends
+on the caller's thread (its current stream) is read on it, then the blocking wait runs on
+the event loop's default executor, so the loop goes on meanwhile; errors and the group's
+timeout are those of the blocking form.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import operator
 import pickle
@@ -94,9 +100,16 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
     # ------------------------------------------------------------ sync points
     def get(self) -> np.ndarray:
         """Copy the data to the master (waits for the ops it depends on)."""
+        return self._fetch(self._master.stream_id(self._node))
+
+    async def get_async(self) -> np.ndarray:
+        """:meth:`get` for asyncio: ``await x.get_async()`` waits without blocking the
+        event loop (on the caller's current stream, like get())."""
+        return await in_executor(self._fetch, self._master.stream_id(self._node))
+
+    def _fetch(self, sid: int) -> np.ndarray:
         m = self._master
         link = m.link(self._node)
-        sid = m.stream_id(self._node)
         small = self.nbytes <= SMALL_BYTES
         return link.get_array(lambda tag, posted: ("get", sid, (), (), small, (Ref(self._id), tag, posted)),
                               self.shape, self.dtype, "get")
@@ -333,9 +346,15 @@ class RemoteValue:
         return self._node
 
     def get(self) -> Any:
-        m = self._master
-        link = m.link(self._node)
-        sid = m.stream_id(self._node)
+        """Wait for the function and return its result."""
+        return self._fetch(self._master.stream_id(self._node))
+
+    async def get_async(self) -> Any:
+        """:meth:`get` for asyncio: ``await v.get_async()`` waits without blocking the loop."""
+        return await in_executor(self._fetch, self._master.stream_id(self._node))
+
+    def _fetch(self, sid: int) -> Any:
+        link = self._master.link(self._node)
         return link.request(lambda tag: ("getv", sid, (), (), True, (Ref(self._id), tag)), "RemoteValue.get")
 
     def __del__(self) -> None:
@@ -351,6 +370,12 @@ class RemoteValue:
 
 
 # --------------------------------------------------------------------- helpers
+async def in_executor(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on the running loop's default executor: a sync point's blocking wait,
+    awaited without blocking the loop (its error is raised at the await)."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
 def _device_arg(device: Any) -> int:
     if isinstance(device, bool) or not isinstance(device, (int, np.integer)) or device < -1:
         raise InvalidArgumentError(f"device must be -1 (the worker's memory) or a GPU index >= 0, got {device!r}")
