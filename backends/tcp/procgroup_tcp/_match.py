@@ -10,8 +10,13 @@ InvalidArrayError). A collective's receive also compares the frame's fingerprint
 with its own; a tag found mismatched is *dead* for a while: its receives fail with
 the MismatchError and its late frames are dropped (see :meth:`Matcher.poison`).
 
+How a receive waits is the matcher's :class:`Progress` strategy, one object chosen by
+the channel once its set-up is done (``_strategies``): the caller reads the sockets
+itself, or drives the shared-memory rings and sleeps on the doorbell, or (a channel of
+one) just waits. The matcher itself knows no transport.
+
 A receive from one rank that waits longer than ``PROBE_AFTER`` calls the matcher's
-``stalled`` hook, then again at doubling intervals (up to ``PROBE_EVERY``): the channel
+``probe`` (given at construction), then again at doubling intervals (up to ``PROBE_EVERY``): the channel
 sends that rank a probe with the collective's fingerprint, so ranks that disagree while
 each of them only receives (reduce or gather with two different roots) find it in
 milliseconds instead of waiting out the timeout. A wait that ends in time costs nothing.
@@ -22,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from procgroup.backend import CompletedWork, Work, fresh
@@ -34,11 +39,6 @@ from ._wire import check_size
 PROBE_AFTER = 0.02
 #: the longest interval between two probes of one waiting receive
 PROBE_EVERY = 1.0
-#: a wait on the sockets for a receive at least this large, with more receives posted
-#: behind it, lets the reader thread land it (``Matcher._await_reader``) ...
-READER_RECV_BYTES = 256 * 1024
-#: ... and so does a lone receive at least this large
-LONE_READER_RECV_BYTES = 1 << 20
 
 
 class PostedRecv(Work):
@@ -49,7 +49,7 @@ class PostedRecv(Work):
     a later wait can still get it. Running out the channel's own timeout cancels the
     receive for good. A receive whose payload is already streaming in is not
     cancelled; its reader finishes it, or fails it if the peer dies.
-    No Event per receive: a waiting caller reads the frames itself (``Matcher.settle``),
+    No Event per receive: a waiting caller reads the frames itself (``SocketProgress``),
     so it looks at ``completed`` after each frame instead of being woken.
     """
 
@@ -76,12 +76,10 @@ class PostedRecv(Work):
         self.sender = sender
         self.error = error
         self.completed = True
-        event = self.event  # read after ``completed`` is set: see Matcher._await_reader
+        event = self.event  # read after ``completed`` is set: see SocketProgress._await_reader
         if event is not None:
             event.set()
-        wake = self._matcher.wake
-        if wake is not None:
-            wake()
+        self._matcher.progress.wake()
 
     def fail(self, error: BaseException) -> None:
         if not self.completed:
@@ -93,11 +91,7 @@ class PostedRecv(Work):
     # ------------------------------------------------------------ the caller's side
     def is_completed(self) -> bool:
         if not self.completed:
-            m = self._matcher
-            if m.progress is not None:
-                m.progress()
-            elif m.poke is not None:
-                m.poke(self)
+            self._matcher.progress.poke(self)
         return self.completed
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -190,38 +184,79 @@ DISCARD = Discard()
 DEAD_TAG_SECONDS = 30.0
 
 
+class Progress(Protocol):
+    """How the receives of one channel make progress while they wait: the one transport
+    strategy the matcher is given (``Matcher.start``), see ``_strategies``."""
+
+    def wait(self, req: PostedRecv, timeout: float) -> bool:
+        """Wait up to ``timeout`` for ``req`` to complete, making progress; True once it has."""
+
+    def poke(self, req: PostedRecv) -> None:
+        """``is_completed``: make what progress can be made without blocking."""
+
+    def wait_event(self, done: threading.Event, timeout: float) -> bool:
+        """Wait for a queued frame still arriving (its reader sets ``done``)."""
+
+    def wake(self) -> None:
+        """A receive landed: wake a waiter that sleeps on the transport."""
+
+
+class Idle:
+    """No transport to drive (a channel of one, and a channel still setting up: its
+    reader threads land every frame meanwhile): a wait looks at the receive every
+    millisecond."""
+
+    def wait(self, req: PostedRecv, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not req.completed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return req.completed
+
+    def poke(self, req: PostedRecv) -> None:
+        pass
+
+    def wait_event(self, done: threading.Event, timeout: float) -> bool:
+        return done.wait(timeout)
+
+    def wake(self) -> None:
+        pass
+
+
+IDLE = Idle()
+
+
 class Matcher:
     """The posted receives and the unexpected queue of one channel, under one lock.
 
     ``check(src)`` is the channel's say on a new receive: it raises when the channel
     is broken or closed, or ``src`` has left; it runs under the lock, so a failure
-    reported at the same time either sees the receive or refuses it.
+    reported at the same time either sees the receive or refuses it. ``probe(req)``
+    is called with a receive from one rank that has waited a while (False: it need
+    not be called again). ``progress`` is the transport strategy, :data:`IDLE` until
+    the channel calls :meth:`start` at the end of its set-up.
     """
 
     def __init__(self, timeout: float, global_rank: Callable[[int], int],
-                 check: Callable[[int | None], None]) -> None:
+                 check: Callable[[int | None], None],
+                 probe: Callable[[PostedRecv], bool] | None = None) -> None:
         self.timeout = timeout
         self.global_rank = global_rank
         self._check = check
+        self._probe = probe
+        self.progress: Progress = IDLE
         self._lock = threading.Lock()
         #: the posted receives and the queued frames, oldest first (changed under the lock;
         #: read without it only to see that both are empty, ``TcpChannel.do_recv``)
         self.posted: list[PostedRecv] = []
         self.unexpected: list[Unexpected] = []
-        #: set when frames also arrive through shared memory: a wait must then drive
-        #: that progress itself (nothing else reads the rings), see ``_p2p``
-        self.progress: Callable[[], None] | None = None
-        #: with ``progress``: the wait that drives it, and how a landing wakes a sleeping waiter
-        self.wait_until: Callable[[Callable[[], bool], float], bool] | None = None
-        self.wake: Callable[[], None] | None = None
-        #: sockets only (no shared memory): a wait reads the frames itself, ``drive(req,
-        #: seconds) -> completed``, and ``is_completed`` sets the reader threads to work, ``poke(req)``
-        self.drive: Callable[[PostedRecv, float], bool] | None = None
-        self.poke: Callable[[PostedRecv], None] | None = None
         #: tag -> (the MismatchError of its collective, until when the tag stays dead)
         self.dead: dict[int, tuple[BaseException, float]] = {}
-        #: called with a receive that has waited a while; False: it need not be called again
-        self.stalled: Callable[[PostedRecv], bool] | None = None
+
+    def start(self, progress: Progress) -> None:
+        """Install the transport strategy, once, when the channel's set-up is done."""
+        if self.progress is not IDLE:
+            raise RuntimeError("the matcher's progress strategy is chosen once")
+        self.progress = progress
 
     def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes,
                        fp: bytes) -> PostedRecv | Unexpected | Discard:
@@ -284,66 +319,30 @@ class Matcher:
         view[:] = memoryview(ux.data)  # type: ignore[arg-type]
 
     def wait_event(self, done: threading.Event, timeout: float) -> bool:
-        """``done.wait(timeout)`` for a queued frame still arriving (its reader sets it),
-        driving the shared-memory progress meanwhile when there is one."""
-        wait_until = self.wait_until
-        if wait_until is None or done.is_set():
-            return done.wait(timeout)
-        return wait_until(done.is_set, timeout)
+        """Wait for a queued frame still arriving (its reader sets ``done``), making the
+        strategy's progress meanwhile."""
+        if done.is_set():
+            return True
+        return self.progress.wait_event(done, timeout)
 
     def settle(self, req: PostedRecv, timeout: float) -> bool:
         """Wait up to ``timeout`` for ``req``; True once it completed. Past ``PROBE_AFTER``
-        it calls ``stalled`` now and then (for as long as that returns True: only a
+        it calls ``probe`` now and then (for as long as that returns True: only a
         collective's receive from one rank probes)."""
-        stalled = self.stalled
-        if stalled is None or req.src is None or timeout <= PROBE_AFTER:
-            return self._settle(req, timeout)
+        wait = self.progress.wait
+        probe = self._probe
+        if probe is None or req.src is None or timeout <= PROBE_AFTER:
+            return wait(req, timeout)
         deadline = time.monotonic() + timeout
         step = PROBE_AFTER
-        while not self._settle(req, step):
+        while not wait(req, step):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if not stalled(req):
-                return self._settle(req, left)
+            if not probe(req):
+                return wait(req, left)
             step = min(step * 2, PROBE_EVERY, left)
         return True
-
-    def _settle(self, req: PostedRecv, timeout: float) -> bool:
-        """The shared-memory wait when there is one, else the caller reads the sockets
-        itself (``drive``)."""
-        wait_until = self.wait_until
-        if wait_until is not None:
-            return wait_until(req.is_done, timeout)
-        drive = self.drive
-        if drive is not None:
-            nbytes = req.view.nbytes
-            if nbytes >= READER_RECV_BYTES and self.poke is not None and (
-                    nbytes >= LONE_READER_RECV_BYTES or len(self.posted) > 1):
-                return self._await_reader(req, timeout)
-            return drive(req, timeout)
-        deadline = time.monotonic() + timeout  # no transport to read (a channel of one)
-        while not req.completed and time.monotonic() < deadline:
-            time.sleep(0.001)
-        return req.completed
-
-    def _await_reader(self, req: PostedRecv, timeout: float) -> bool:
-        """A large receive with more posted behind it (a pipelined collective's segments)
-        waits for the reader thread to land it (``poke`` sets it to work) instead of
-        reading on the caller's thread: the thread streams frame after frame with no gap
-        between them, and the hand-off is nothing next to the transfer. A caller reading
-        each segment itself left gaps that cost a 64 MiB broadcast over the sockets 15 %
-        (the sender burnt more CPU on a window drained in bursts). So is a lone receive of
-        1 MiB or more (a 64 MiB ping-pong read by its callers took 37-46 ms against 27-28);
-        a smaller lone one is read by its caller: waking a parked reader thread first
-        costs one more wake-up (a 256 KiB ping-pong took 25 % longer that way)."""
-        event = req.event
-        if event is None:
-            event = req.event = threading.Event()  # before ``completed`` is looked at
-        if req.completed:
-            return True
-        self.poke(req)  # type: ignore[misc]
-        return event.wait(timeout) or req.completed
 
     def cancel(self, req: PostedRecv) -> bool:
         """Withdraw a receive no frame has matched yet; False when one has."""
@@ -404,5 +403,5 @@ class Matcher:
             ux.fail(exc)
 
 
-__all__ = ["DEAD_TAG_SECONDS", "DISCARD", "PROBE_AFTER", "PROBE_EVERY", "READER_RECV_BYTES", "LONE_READER_RECV_BYTES",
-           "Discard", "Matcher", "PostedRecv", "Unexpected", "check_size"]
+__all__ = ["DEAD_TAG_SECONDS", "DISCARD", "IDLE", "PROBE_AFTER", "PROBE_EVERY", "Discard", "Idle", "Matcher",
+           "PostedRecv", "Progress", "Unexpected", "check_size"]

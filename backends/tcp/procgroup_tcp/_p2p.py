@@ -43,7 +43,7 @@ from procgroup.errors import ChannelClosedError, CommTimeoutError, PeerError
 from . import _cma
 from ._conn import Landing, Peer
 from ._doorbell import BLOCK_BYTES, NAP_S, Doorbell
-from ._match import Matcher
+from ._match import Matcher, PostedRecv, Progress
 from ._ring import (
     ACK_OK,
     ACK_REFUSED,
@@ -571,15 +571,18 @@ def _map_inbox(name: str, nbytes: int) -> mmap.mmap:
 
 
 def _exchange(
-    peers: dict[int, Peer], matcher: Matcher, msgs: dict[int, bytes], size: int, timeout: float
+    peers: dict[int, Peer], matcher: Matcher, sockets: Progress, msgs: dict[int, bytes], size: int, timeout: float
 ) -> dict[int, bytes]:
-    """Send each peer its message over the authenticated socket; receive one of ``size`` bytes from each."""
+    """Send each peer its message over the authenticated socket; receive one of ``size`` bytes
+    from each, waiting on the ``sockets`` strategy (the matcher has none yet: set-up)."""
     bufs = {r: np.empty(size, dtype=np.uint8) for r in msgs}
     works = {r: matcher.post(memoryview(bufs[r]), r, SETUP_TAG, bufs[r].dtype) for r in msgs}
     for r, body in msgs.items():
         peers[r].send(memoryview(body), SETUP_TAG, b"B", NO_FP)
     for work in works.values():
-        work.wait(timeout)
+        if isinstance(work, PostedRecv) and not work.completed and not sockets.wait(work, timeout):
+            work.timed_out(timeout, False)  # withdrawn, CommTimeoutError
+        work.wait(timeout)  # raises the error it landed with, if any
     return {r: bufs[r].tobytes() for r in msgs}
 
 
@@ -587,6 +590,7 @@ def open_p2p(
     ctx: Any,
     peers: dict[int, Peer],
     matcher: Matcher,
+    sockets: Progress,
     check: Callable[[], None],
     has_left: Callable[[int], bool],
     match: Callable[[int, int, int, bytes, bytes], Landing],
@@ -619,7 +623,7 @@ def open_p2p(
             )
             for r in candidates
         }
-        theirs = _exchange(peers, matcher, hellos, _HELLO.size, ctx.timeout)
+        theirs = _exchange(peers, matcher, sockets, hellos, _HELLO.size, ctx.timeout)
         mapped: dict[int, tuple[mmap.mmap, int]] = {}
         pids: dict[int, int] = {}
         can_read: dict[int, bool] = {}
@@ -641,7 +645,7 @@ def open_p2p(
             maps.append(mm)
             mapped[r] = (mm, my_offset)
         replies = {r: _MAPPED.pack(_MAGIC, int(r in mapped), int(can_read.get(r, False))) for r in candidates}
-        answers = _exchange(peers, matcher, replies, _MAPPED.size, ctx.timeout)
+        answers = _exchange(peers, matcher, sockets, replies, _MAPPED.size, ctx.timeout)
     finally:
         if name:
             os.unlink(f"/dev/shm/{name}")  # every peer has mapped it, or never will

@@ -55,6 +55,7 @@ from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._p2p import OutLink, ShmP2P, open_p2p
 from ._progress import TICK_S, Engine, quiet_seconds, spin_seconds
+from ._strategies import SharedMemoryProgress, SocketProgress
 from ._shm import SharedMemoryArena, all_on_one_host, host_identity
 from ._wire import (
     KIND_CONTROL,
@@ -94,8 +95,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._broken_shm: SharedMemoryArena | None = None  # the arena of a broken channel, unused
         self._p2p: ShmP2P | None = None
         self._shm_out: dict[int, OutLink] = {}  # same-host peers whose messages go through shared memory
-        self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post)
-        self._matcher.stalled = self._probe
+        self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post, self._probe)
         self._plan = Plan()  # which algorithm runs a collective over the sockets
         self._heartbeat: Heartbeat | None = None
         self._engine = Engine()  # who reads the sockets: waiting callers, else reader threads
@@ -114,8 +114,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         spin = spin_seconds(ctx.store.add(on_host, 0))
         for peer in self._peer_list:
             peer.spin = spin
-        self._matcher.drive = self._drive
-        self._matcher.poke = self._poke
+        sockets_only = SocketProgress(self._engine, self._peers, self._matcher)
         #: a blocking receive reads its peer's frames itself (no shared-memory p2p, whose
         #: waits sleep on the doorbell; and a timeout the kernel's read tick cannot overshoot)
         self._direct = ctx.timeout >= TICK_S
@@ -129,16 +128,15 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
             if (wanted is None or wanted) and (arena is None or arena) and all_on_one_host(ctx):
                 # None: /dev/shm refused, sockets it is
                 self._shm = SharedMemoryArena.open(ctx, self._check_and_progress, self._has_left, self.fail)
-            self._p2p = open_p2p(ctx, self._peers, self._matcher, self.check_usable, self._has_left,
-                                 self.match_incoming, self._ring_broken)
-            if self._p2p is not None:
+            self._p2p = open_p2p(ctx, self._peers, self._matcher, sockets_only, self.check_usable,
+                                 self._has_left, self.match_incoming, self._ring_broken)
+            if self._p2p is None:
+                self._matcher.start(sockets_only)
+            else:
                 self._shm_out = self._p2p.out
-                self._matcher.progress = self._p2p.progress
-                self._matcher.wait_until = self._p2p.wait_until
-                self._matcher.wake = self._p2p.bell.ring
+                self._matcher.start(SharedMemoryProgress(self._p2p))
                 # waits sleep on the doorbell, which a landed socket frame rings: the reader
                 # threads read every socket from now on (they stood back during the set-up)
-                self._matcher.drive = self._matcher.poke = None
                 self._direct = False
                 self._engine.resume(self._peer_list)
             deadline = deadline_seconds(ctx.options)
@@ -158,19 +156,6 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         if peer.left:
             raise left_error(peer.global_rank)
         return peer
-
-    def _drive(self, req: PostedRecv, timeout: float) -> bool:
-        """A receive's wait on the sockets: read the frames on the caller's thread."""
-        src = req.src
-        if src is not None:
-            self._engine.drive(self._peers[src], req, _now() + timeout)
-        else:
-            self._engine.drive_any(self._peer_list, req, _now() + timeout)
-        return req.completed
-
-    def _poke(self, req: PostedRecv) -> None:
-        """``is_completed`` on the sockets: the reader threads land what arrives."""
-        self._engine.poke(self._peer_list if req.src is None else (self._peers[req.src],))
 
     def _has_left(self, rank: int) -> bool:
         """The peer said goodbye (destroy_process_group); the arena's waits ask this."""
