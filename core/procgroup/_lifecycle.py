@@ -9,7 +9,8 @@ import atexit
 import logging
 import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from . import _auth, _logging, _ops, _state, config
 from ._settings import timeout_seconds
@@ -59,15 +60,15 @@ def init_process_group(
             raise AlreadyInitializedError(
                 "init_process_group was already called; call destroy_process_group() first"
             )
-        settings = config.init_settings(backend, init_method, world_size, rank, group_name, timeout)
-        if options is not None and not isinstance(options, Mapping):
-            raise InvalidArgumentError(f"init_process_group: options must be a dict, got {type(options).__name__}")
-        if token is not None and not isinstance(token, (str, bytes)):
-            raise InvalidArgumentError(f"init_process_group: token must be a str or bytes, got {type(token).__name__}")
+        settings = config.init_settings(backend, init_method, world_size, rank, group_name, timeout,
+                                        options=options, token=token, store=store)
         spec, cls = load_channel_class(settings.backend)
+        # world_size=0 is torch's MPI recipe ("the launcher decides"): only for a backend
+        # whose own launcher does decide
+        settings.refuse_size_zero(unless=_launcher_decides(cls))
         cls.check_settings(options)  # before the rendezvous: every rank refuses alike, none waits
         _logging.configure(cls.__module__.split(".")[0], lambda: getattr(getattr(_state.state, "world", None), "rank", None))
-        rank_, size, the_store, master_addr, key = _meet(settings, cls, store, token)
+        rank_, size, the_store, master_addr, key = _meet(settings, cls)
         st = _state.State(world=None, store=the_store, timeout=settings.timeout,  # type: ignore[arg-type]
                           master_addr=master_addr, options=dict(options or {}), job_key=key)
         ctx = _state.make_context(st, range(size), rank_, 0, "world", settings.timeout)
@@ -126,18 +127,13 @@ def _store_key(store: Any, token: str | bytes | None, master_addr: str | None) -
     return _auth.resolve_token(token, master_addr, where="init_process_group")
 
 
-def _meet(settings: config.InitSettings, cls: type[DataChannel], store: Any,
-          token: str | bytes | None = None) -> tuple[int, int, Any, str | None, bytes]:
-    """Find rank, size, a Store and the job key: from ``store``, the backend itself, or the
-    init method."""
+def _meet(settings: config.InitSettings, cls: type[DataChannel]) -> tuple[int, int, Any, str | None, bytes]:
+    """Find rank, size, a Store and the job key: from ``settings.store``, the backend
+    itself, or the init method."""
     from .rendezvous import rendezvous
 
-    if store is not None:
-        if settings.init_method is not None:
-            raise InvalidArgumentError("init_process_group: pass either init_method or store, not both")
-        if settings.rank < 0 or settings.world_size < 1:
-            raise InvalidArgumentError("init_process_group: with store=..., rank and world_size must be given")
-        _check_rank(settings.rank, settings.world_size, "init_process_group")
+    store, token = settings.store, settings.token
+    if store is not None:  # the settings checked rank and world_size against it
         return settings.rank, settings.world_size, store, None, _store_key(store, token, None)
     found = cls.discover_world()
     if found is not None:
@@ -161,22 +157,42 @@ def _meet(settings: config.InitSettings, cls: type[DataChannel], store: Any,
     return result.rank, result.world_size, result.store, result.master_addr, key
 
 
+def _launcher_decides(cls: type[DataChannel]) -> bool:
+    """True for a backend whose own launcher may decide rank and size (overrides discover_world)."""
+    return getattr(cls.discover_world, "__func__", None) is not DataChannel.discover_world.__func__  # type: ignore[attr-defined]
+
+
 def _check_discovered(cls: type[DataChannel], settings: config.InitSettings, rank: int, size: int) -> None:
-    """A rank or size given (argument, URL, RANK/WORLD_SIZE) that contradicts the backend's
-    launcher is an error: a wrong world is never formed silently."""
+    """A rank or size in the URL or RANK/WORLD_SIZE that contradicts the backend's launcher
+    is an error: a wrong world is never formed silently. Arguments that differ are ignored
+    with a warning, as torch.distributed does for MPI (its recipes pass rank=0,
+    world_size=0 or 1 under mpiexec); -1 means "not given" and is silent. Except when the
+    launcher says a world of 1 and the arguments ask for more: processes started without
+    the launcher, each its own world, which is refused."""
     import urllib.parse
+    import warnings
 
     name = cls.backend_name or "this"
     given: dict[str, tuple[int, str]] = {}
+    ignored: list[str] = []
     query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(settings.init_method or "").query))
     for field, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
         value = getattr(settings, field)
         if value != -1:
-            given[field] = (value, f"argument {field}={value}")
+            if size == 1 and value > (0 if field == "rank" else 1):
+                # more than MPI's singleton: ranks started without the launcher, each alone
+                given[field] = (value, f"argument {field}={value}")
+            elif value != (rank if field == "rank" else size):
+                ignored.append(f"{field}={value}")
         elif query.get(field, "").strip().isdigit():
             given[field] = (int(query[field]), f"URL parameter {field}={query[field]}")
         elif os.environ.get(var, "").strip().isdigit():
             given[field] = (int(os.environ[var]), f"environment variable {var}={os.environ[var].strip()}")
+    if ignored:
+        warnings.warn(
+            f"init_process_group: the {name} backend takes rank and world size from its launcher, "
+            f"which says rank={rank} and world_size={size}; the argument {' and '.join(ignored)} "
+            f"{'is' if len(ignored) == 1 else 'are'} ignored", UserWarning, stacklevel=4)
     want_rank = given.get("rank", (rank, ""))[0]
     want_size = given.get("world_size", (size, ""))[0]
     if want_rank == rank and want_size == size:
@@ -217,7 +233,7 @@ def destroy_process_group(group: Any = None) -> None:
         for hook in list(_state.teardown_hooks):
             try:
                 hook()
-            except Exception:  # noqa: BLE001 - the channels must close anyway
+            except Exception:  # logged; the channels must close anyway
                 log.warning("a teardown hook failed", exc_info=True)
         _ops.bind_world(None)
         for g in reversed(st.groups):
@@ -235,7 +251,7 @@ def _close_quietly(store: Any) -> None:
     if close is not None:
         try:
             close()
-        except Exception:  # noqa: BLE001 - teardown must finish
+        except Exception:  # logged; teardown must finish
             log.debug("store close failed", exc_info=True)
 
 
@@ -245,7 +261,7 @@ def _close_group(g: Group) -> None:
             grp.fast = None
             try:
                 grp.channel.close()
-            except Exception:  # noqa: BLE001 - keep tearing down the rest
+            except Exception:  # logged; keep tearing down the rest
                 log.warning("closing %r failed", grp, exc_info=True)
             grp.channel = None
 
@@ -280,21 +296,24 @@ def get_backend(group: Any = None) -> str:
 
 # --------------------------------------------------------------------- groups
 def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, timeout: Any = None,
-              options: Mapping[str, Any] | None = None) -> Group:
+              options: Mapping[str, Any] | None = None, *, sort_ranks: bool = True) -> Group:
     """Create a group of world ``ranks``; every rank of the world calls it, in the same order.
 
     Members talk over the world's transport (or a new channel of ``backend``, or of the world's
     backend when ``options`` are given: they apply to a channel of its own); non-members
-    get a handle whose ``rank`` is -1 and on which every op raises a clear error.
+    get a handle whose ``rank`` is -1. ``sort_ranks=False`` keeps the order given (group
+    rank i is ``ranks[i]``), as torch's.
     """
     st = _state.world()
     size = st.world.size
     if ranks is None:
         ranks = list(range(size))
     try:
-        members = sorted(int(r) for r in ranks)
+        members = [int(r) for r in ranks]
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"new_group: ranks must be a list of ints, got {ranks!r}") from None
+    if sort_ranks:
+        members.sort()
     if len(set(members)) != len(members):
         raise InvalidArgumentError(f"new_group: ranks {list(ranks)} contain duplicates")
     for r in members:

@@ -8,7 +8,8 @@ and above).
 Where the program has not configured logging itself (the root logger has no handler), the
 records of these loggers are printed to stderr as ``[rank 3] WARNING procgroup.x: message``
 instead of Python's bare last-resort ``message``: with many ranks writing to one terminal,
-a line must say whose it is. The rank part is left out before the rank is known, and under
+a line must say whose it is. Before the world exists the rank is the launcher's (RANK, or
+mpirun's, PMI's, PMIx's or srun's variable). The rank part is left out when none is set, and under
 ``procgroup-run``, whose own ``[rank3]: `` prefix already says it. A program that configures
 logging (``logging.basicConfig``...) gets the records through its own handlers, once.
 
@@ -49,8 +50,16 @@ def level_from_env(environ: dict[str, str] | None = None) -> int | None:
     )
 
 
+#: Launchers' rank variables, first set wins: the order env:// believes them in
+#: (rendezvous/_env.py), an MPI launcher's before Slurm's, because mpiexec inside a Slurm step
+#: inherits the step's SLURM_PROCID
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
 def current_rank() -> int | None:
-    """This process's rank: from the world once it exists, else $RANK, else None."""
+    """This process's rank: from the world once it exists, else the first launcher variable
+    of :data:`RANK_VARS` that is set (srun, mpiexec, mpirun ranks are tagged before init too),
+    else None."""
     if _rank_getter is not None:
         try:
             rank = _rank_getter()
@@ -58,8 +67,11 @@ def current_rank() -> int | None:
             rank = None
         if rank is not None and rank >= 0:
             return rank
-    env = os.environ.get("RANK", "")
-    return int(env) if env.isdigit() else None
+    for var in RANK_VARS:
+        env = os.environ.get(var, "").strip()
+        if env.isdigit():
+            return int(env)
+    return None
 
 
 class _RankFormatter(logging.Formatter):

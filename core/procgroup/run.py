@@ -68,9 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     opt("--node-rank", type=int, default=None,
         help="this node's index in [0, nnodes) (default 0; required with --nnodes > 1)")
     opt("--master-addr", default=None,
-        help="address of the node that runs rank 0 (default 127.0.0.1)")
+        help="address of the node that runs rank 0 (default 127.0.0.1; in a Slurm job with "
+             "--nnodes > 1 the first node of the step)")
     opt("--master-port", type=int, default=None,
-        help="rank 0's store port; a single-node job picks a free one when omitted")
+        help="rank 0's store port; a single-node job picks a free one when omitted, a Slurm "
+             "job derives one from its job and step ids")
     opt("--rdzv-endpoint", default=None, metavar="HOST[:PORT]",
         help="torchrun's spelling of --master-addr/--master-port (port 29400 when omitted)")
     opt("--rdzv-backend", default="static", choices=("static", "c10d"),
@@ -141,6 +143,15 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
         if addr is not None or port is not None:
             logger.info("--standalone: ignoring the given master address/port")
         addr, port = "127.0.0.1", None
+    if nnodes > 1 and (addr is None or port is None):
+        # under srun/sbatch every node's launcher derives the same master (rendezvous/_slurm.py)
+        from procgroup.rendezvous import _slurm
+
+        if _slurm.in_job(os.environ):
+            if addr is None:
+                addr = _slurm.master_addr(os.environ, "procgroup-run")[0]
+            if port is None:
+                port = _slurm.master_port(os.environ)
     if ns.node_rank is None and nnodes > 1:
         raise InvalidArgumentError(
             f"--node-rank is required with --nnodes {nnodes}: give every node's launcher its "

@@ -33,7 +33,7 @@ from mpi4py import MPI
 from procgroup.backend import ChannelContext, DataChannel, choose_address, job_key
 from procgroup.ops import ReduceOp, finish_average
 
-from . import _abort, _cuda, _ulfm
+from . import _abort, _cuda, _launcher, _ulfm
 from ._buffers import concatenate, span, spread
 from ._comms import TagRoutes, create_group, world_comm
 from ._lowering import PLANS, datatype_of, reduce_plan
@@ -94,6 +94,7 @@ class MpiChannel(DataChannel):
         only serves the job's Store."""
         _initialized()
         world = MPI.COMM_WORLD
+        _launcher.check_world(world.Get_size())  # a world of 1 where srun started N tasks
         return world.Get_rank(), world.Get_size()
 
     @classmethod

@@ -13,19 +13,22 @@ PMIx           PMIX_RANK                     (none)
 Slurm          SLURM_PROCID                  SLURM_NTASKS
 =============  ============================  ==========================
 
-MASTER_ADDR defaults to the first host of SLURM_JOB_NODELIST, then to
-SLURM_LAUNCH_NODE_IPADDR. MASTER_PORT has no default.
+Inside a Slurm job, MASTER_ADDR defaults to the first host of SLURM_STEP_NODELIST (else
+SLURM_JOB_NODELIST), then to SLURM_LAUNCH_NODE_IPADDR, and MASTER_PORT to a port derived
+from SLURM_JOB_ID and SLURM_STEP_ID (the rule is in :mod:`procgroup.rendezvous._slurm`).
+Elsewhere MASTER_PORT has no default.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from procgroup._settings import plain_problem
 from procgroup.errors import InvalidArgumentError
+
+from . import _slurm
 
 #: (rank variable, size variable or None), in order of precedence.
 RANK_SOURCES: tuple[tuple[str, str | None], ...] = (
@@ -38,7 +41,9 @@ RANK_SOURCES: tuple[tuple[str, str | None], ...] = (
 _RANKS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 _SIZES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 _HOSTS = ("MASTER_ADDR", "SLURM_LAUNCH_NODE_IPADDR")
-FIELDS = ("MASTER_ADDR", "MASTER_PORT", *_RANKS, *_SIZES, "SLURM_JOB_NODELIST", "SLURM_LAUNCH_NODE_IPADDR")
+_SLURM_TEXT = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_LAUNCH_NODE_IPADDR",
+               "SLURM_JOB_ID", "SLURM_STEP_ID")
+FIELDS = ("MASTER_ADDR", "MASTER_PORT", *_RANKS, *_SIZES, *_SLURM_TEXT)
 
 
 @functools.cache
@@ -61,7 +66,7 @@ def _model() -> Any:
     fields: dict[str, Any] = {"MASTER_ADDR": (str | None, None), "MASTER_PORT": (port, None)}
     fields.update({k: (rank, None) for k in _RANKS})
     fields.update({k: (size, None) for k in _SIZES})
-    fields.update({k: (str | None, None) for k in ("SLURM_JOB_NODELIST", "SLURM_LAUNCH_NODE_IPADDR")})
+    fields.update({k: (str | None, None) for k in _SLURM_TEXT})
     return create_model(  # type: ignore[call-overload]
         "RendezvousEnvModel",
         __config__=ConfigDict(extra="ignore", frozen=True, strict=False),
@@ -87,8 +92,11 @@ class RendezvousEnv:
     PMIX_RANK: int | None = None
     SLURM_PROCID: int | None = None
     SLURM_NTASKS: int | None = None
+    SLURM_STEP_NODELIST: str | None = None
     SLURM_JOB_NODELIST: str | None = None
     SLURM_LAUNCH_NODE_IPADDR: str | None = None
+    SLURM_JOB_ID: str | None = None
+    SLURM_STEP_ID: str | None = None
 
     def __init__(self, **values: Any) -> None:
         for k, v in values.items():
@@ -129,38 +137,30 @@ class RendezvousEnv:
                 return getattr(self, size_var), size_var
         return None, ""
 
+    def _slurm(self) -> dict[str, str]:
+        return {k: v for k in _SLURM_TEXT if (v := getattr(self, k))}
+
     def master_addr_and_source(self) -> tuple[str | None, str]:
-        """MASTER_ADDR, else the first Slurm node, else the Slurm launch node."""
+        """MASTER_ADDR, else the step's (or job's) first Slurm node, else the launch node."""
         if self.MASTER_ADDR:
             return self.MASTER_ADDR, "MASTER_ADDR"
-        if self.SLURM_JOB_NODELIST:
-            return first_slurm_host(self.SLURM_JOB_NODELIST), "SLURM_JOB_NODELIST"
+        addr, var = _slurm.master_addr(self._slurm())
+        if addr is not None:
+            return addr, var
         if self.SLURM_LAUNCH_NODE_IPADDR:
             return self.SLURM_LAUNCH_NODE_IPADDR, "SLURM_LAUNCH_NODE_IPADDR"
         return None, ""
 
-
-_BRACKET = re.compile(r"\[([^\]]*)\]")
+    def master_port_and_source(self) -> tuple[int | None, str]:
+        """MASTER_PORT, else (in a Slurm job) the port derived from the job and step ids."""
+        if self.MASTER_PORT is not None:
+            return self.MASTER_PORT, "MASTER_PORT"
+        port = _slurm.master_port(self._slurm())
+        if port is not None:
+            return port, "SLURM_JOB_ID and SLURM_STEP_ID"
+        return None, ""
 
 
 def first_slurm_host(nodelist: str) -> str:
     """First host of a Slurm node list: ``"gpu[07-09,12],cpu1"`` -> ``"gpu07"``."""
-    depth, end = 0, len(nodelist)
-    for i, ch in enumerate(nodelist):  # the first entry ends at a comma outside brackets
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            end = i
-            break
-    entry = nodelist[:end].strip()
-
-    def first(match: re.Match[str]) -> str:
-        return match.group(1).split(",")[0].split("-")[0].strip()
-
-    host = _BRACKET.sub(first, entry)
-    if not host or "[" in host or "]" in host:
-        raise InvalidArgumentError(
-            f"env://: cannot read a host from SLURM_JOB_NODELIST={nodelist!r}; "
-            "set MASTER_ADDR"
-        )
-    return host
+    return _slurm.first_host(nodelist, "SLURM_JOB_NODELIST")

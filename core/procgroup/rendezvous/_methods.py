@@ -8,7 +8,8 @@ import os
 import threading
 import time
 import urllib.parse
-from typing import Any, Callable, Mapping, cast
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 from procgroup import _auth
 from procgroup._settings import timeout_seconds
@@ -172,10 +173,16 @@ def env_rendezvous(
             "env://: MASTER_ADDR is not set (environment variable; under Slurm it "
             "defaults to the first host of SLURM_JOB_NODELIST)"
         )
-    if env.MASTER_PORT is None:
-        raise InvalidArgumentError("env://: MASTER_PORT is not set (environment variable)")
+    port, port_src = env.master_port_and_source()
+    if port is None:
+        raise InvalidArgumentError(
+            "env://: MASTER_PORT is not set (environment variable; inside a Slurm job it "
+            "defaults to a port derived from SLURM_JOB_ID and SLURM_STEP_ID)"
+        )
+    if port_src != "MASTER_PORT":
+        logger.debug("env://: master %s:%d (port from %s)", addr, port, port_src)
     return _tcp_store_rendezvous(
-        scheme, addr, env.MASTER_PORT, rank, world_size, group_name, timeout, token
+        scheme, addr, port, rank, world_size, group_name, timeout, token
     )
 
 

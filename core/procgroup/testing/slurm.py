@@ -5,7 +5,9 @@ network and UTS namespace, so its own address and hostname): host ``h0`` is the
 controller and login node (slurmctld; ``srun``/``sbatch`` run there), hosts ``h1`` ..
 ``hN`` are compute nodes, one ``slurmd`` each. One ``munged`` serves them all through a
 socket in the cluster's temporary directory (a pathname socket reaches across network
-namespaces). No systemd, nothing under /etc: the configuration, state, spool directories,
+namespaces); it runs in ``h0``'s namespace like the other daemons, so removing a cluster
+whose creator was killed (``python -m procgroup.testing.simcluster --cleanup``, or the
+next :meth:`SlurmCluster.start`) ends them all. No systemd, nothing under /etc: the configuration, state, spool directories,
 logs and munge key live in one temporary directory that :meth:`SlurmCluster.close`
 removes, with every daemon, on every exit path (an error while starting included).
 
@@ -44,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .simcluster import SimCluster
+from .simcluster import SimCluster, remove_cluster, stale_clusters
 from .simcluster import missing as netns_missing
 from .simcluster._netns import SetupError
 
@@ -146,7 +148,7 @@ class SlurmCluster:
         return "\n".join(parts)
 
     # ------------------------------------------------------------------ life cycle
-    def __enter__(self) -> SlurmCluster:  # noqa: PYI034 (3.10 has no typing.Self)
+    def __enter__(self) -> SlurmCluster:
         try:
             self.start()
         except BaseException:
@@ -162,6 +164,8 @@ class SlurmCluster:
         why = missing()
         if why:
             raise SetupError(f"cannot build a Slurm cluster here: {why}")
+        for tag in stale_clusters():  # namespaces and daemons of clusters whose creator died
+            remove_cluster(tag)
         self.dir = Path(tempfile.mkdtemp(prefix="pgslurm-"))
         os.chmod(self.dir, 0o755)  # munged refuses a socket directory others may write
         self.sim.start()
@@ -187,16 +191,18 @@ class SlurmCluster:
         subprocess.run([_which("mungekey") or "mungekey", "--create", "--keyfile", str(key)],
                        check=True, capture_output=True, timeout=30)
         os.chmod(key, 0o400)
-        self._munged = subprocess.Popen(
+        # in the login host's namespace like every daemon, so that removing a cluster whose
+        # creator was killed (simcluster.remove_cluster) ends it too
+        self._munged = self.sim.popen(
+            self.login,
             [_which("munged") or "munged", "-F", "-f", f"--socket={self.socket}",
              f"--key-file={key}", f"--pid-file={munge / 'munged.pid'}",
              f"--seed-file={munge / 'munged.seed'}", f"--log-file={self.dir / 'munged.log'}"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True)
+            self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 30
         while not os.path.exists(self.socket):
             if self._munged.poll() is not None:
-                err = self._munged.stderr.read().decode(errors="replace") if self._munged.stderr else ""
+                err = self._munged.stderr.read() if self._munged.stderr else ""
                 raise SetupError(f"munged did not start ({self._munged.returncode}): {err.strip()}")
             if time.monotonic() > deadline:
                 raise SetupError("munged did not create its socket within 30 s")
@@ -274,10 +280,10 @@ class SlurmCluster:
         for proc in reversed(self._daemons):
             _stop(proc)
         self._daemons.clear()
-        self.sim.close()  # kills whatever still runs in the namespaces (job steps)
         if self._munged is not None:
             _stop(self._munged)
             self._munged = None
+        self.sim.close()  # kills whatever still runs in the namespaces (job steps)
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
