@@ -12,9 +12,15 @@ source scripts/pythons.sh
 read -r -a versions <<<"${PROCGROUP_TEST_PYTHONS:-$PROCGROUP_DEFAULT_PYTHONS}"
 [ ${#versions[@]} -gt 0 ] || { echo "error: PROCGROUP_TEST_PYTHONS is empty" >&2; exit 2; }
 bash scripts/setup-dev.sh "${versions[@]}"
-# the multi-host tests build network namespaces with iproute2 (skipped, with a reason, without it)
-if ! command -v ip >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  (apt-get update -qq && apt-get install -y -qq iproute2) >/dev/null 2>&1 || echo "note: could not install iproute2"
+# the multi-host tests build network namespaces with iproute2, tests/test_slurm.py starts a
+# real Slurm (slurm-wlm, munge) on them; without these packages those tests skip with a reason
+missing_pkgs=()
+command -v ip >/dev/null 2>&1 || missing_pkgs+=(iproute2)
+{ command -v slurmd || [ -x /usr/sbin/slurmd ]; } >/dev/null 2>&1 || missing_pkgs+=(slurm-wlm)
+{ command -v munged || [ -x /usr/sbin/munged ]; } >/dev/null 2>&1 || missing_pkgs+=(munge)
+if [ ${#missing_pkgs[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing_pkgs[@]}") >/dev/null 2>&1 || echo "note: could not install ${missing_pkgs[*]}"
 fi
 
 logdir=$(mktemp -d)
