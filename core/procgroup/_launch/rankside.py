@@ -214,6 +214,99 @@ def die_with_launcher() -> None:
         os._exit(128 + int(signal.SIGKILL))
 
 
+FLIGHT_DIR_ENV = "PROCGROUP_FLIGHT_DIR"  # where a signalled rank writes its flight dump
+FLIGHT_SIGNAL_ENV = "PROCGROUP_FLIGHT_SIGNAL"  # the signal that asks for it (default SIGUSR2)
+_RECORDER_MODULE = "procgroup.backend._recorder"
+
+
+def flight_signal() -> int:
+    """The signal procgroup-run sends a rank to ask for its flight dump."""
+    name = os.environ.get(FLIGHT_SIGNAL_ENV, "SIGUSR2")
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        return int(signal.SIGUSR2)
+
+
+def flight_files(directory: str, rank: str) -> tuple[str, str]:
+    """(JSON dump, faulthandler text) paths of one rank in the launcher's flight directory."""
+    return (os.path.join(directory, f"rank{rank}.flight.json"),
+            os.path.join(directory, f"rank{rank}.stacks.txt"))
+
+
+def install_flight_dump() -> bool:
+    """Answer procgroup-run's dump signal: write the flight record and every thread's stack.
+
+    Two writers, because a rank may be stuck where Python cannot run a handler: the
+    faulthandler module writes the stacks of all threads from the signal itself (C level,
+    at once, into ``rankN.stacks.txt``), then the Python handler writes the JSON dump
+    (procgroup's flight record when procgroup is imported, the stacks alone otherwise) as
+    soon as the main thread runs Python again. The launcher prefers the JSON.
+    """
+    directory = os.environ.get(FLIGHT_DIR_ENV)
+    rank = os.environ.get("RANK", "")
+    if not directory or not rank.isdigit():
+        return False
+    sig = flight_signal()
+    json_path, text_path = flight_files(directory, rank)
+
+    def handler(signum: int, frame: Any) -> None:
+        recorder = sys.modules.get(_RECORDER_MODULE)
+        try:
+            if recorder is not None:
+                recorder.write_dump(json_path, frame)
+            else:
+                _write_stacks_only(json_path, int(rank), frame)
+        except Exception as err:  # noqa: BLE001 - a dump must never kill the rank
+            logger.debug("flight dump failed: %s", err)
+
+    try:
+        signal.signal(sig, handler)
+        import faulthandler
+
+        stream = open(text_path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the C handler
+        faulthandler.register(sig, file=stream, all_threads=True, chain=True)
+    except (ValueError, OSError, RuntimeError) as err:  # not the main thread, no such signal
+        logger.debug("no flight dump on signal %s: %s", sig, err)
+        return False
+    return True
+
+
+def ignore_flight_signal() -> None:
+    """Once the script is over: a dump signal arriving during the teardown (when the
+    interpreter may have dropped Python handlers) must not kill the rank."""
+    sig = flight_signal()
+    try:
+        import faulthandler
+
+        faulthandler.unregister(sig)
+        signal.signal(sig, signal.SIG_IGN)
+    except (ValueError, OSError, RuntimeError):
+        pass
+
+
+def _write_stacks_only(path: str, rank: int, frame: Any) -> None:
+    """The dump of a rank that has not imported procgroup: its threads' stacks."""
+    import threading
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    stacks = []
+    for ident, top in sys._current_frames().items():
+        if ident == threading.get_ident() and frame is not None:
+            top = frame
+        frames = [{"file": f.filename, "line": f.lineno, "function": f.name, "code": (f.line or "").strip()}
+                  for f in traceback.extract_stack(top, limit=40)]
+        stacks.append({"thread": names.get(ident, str(ident)), "main": ident == main, "frames": frames})
+    record = {"format": "procgroup-flight-1", "rank": rank, "pid": os.getpid(), "time": time.time(),
+              "ops": [], "stacks": stacks, "own_dirs": [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+                                                       + os.sep]}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
 def _usage() -> None:
     sys.stderr.write("usage: rankside.py (SCRIPT | -m MODULE | --exec PROGRAM) [ARGS...]\n")
     raise SystemExit(2)
@@ -310,6 +403,7 @@ def main(argv: list[str] | None = None) -> None:
             write_status(status, exitcode=127, time=time.time())
             raise SystemExit(127) from None
     install_error_handler()
+    dumps = install_flight_dump()
     try:
         _run_python(args)
     except SystemExit as exc:
@@ -320,6 +414,9 @@ def main(argv: list[str] | None = None) -> None:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
         write_status(status, exitcode=code, time=time.time(), raised=True)
         raise
+    finally:
+        if dumps:
+            ignore_flight_signal()
     write_status(status, exitcode=0, time=time.time())
 
 

@@ -30,14 +30,16 @@ import abc
 import concurrent.futures
 import copy
 import itertools
+import json
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
 
 from ..algorithms import direct, ring, tree
 from ..errors import ChannelClosedError, PeerError, UnsupportedOperationError
 from ..ops import ReduceOp
-from . import _debug, _uniform
+from . import _debug, _recorder, _uniform
 from ._context import (
     COLLECTIVE_TAG_BASE,
     GROUP_P2P_TAG_BASE,
@@ -102,7 +104,7 @@ class DataChannel(abc.ABC):
     #: before it knows whether the message will come (master-worker's copies) asks this.
     cancels_recv: bool = False
     #: The PROCGROUP_DEBUG=DETAIL checker, None when off: run/start/blocking test only this.
-    _agreement: "_debug.Agreement | None" = None
+    _agreement: _debug.Agreement | None = None
     #: Why this backend cannot shrink, when it cannot although it has a control plane
     #: (docs/plugins.md, "Surviving a death"); "" when it can.
     shrink_unsupported: str = ""
@@ -130,7 +132,7 @@ class DataChannel(abc.ABC):
         return None
 
     @classmethod
-    def discover_store(cls, rank: int, size: int, timeout: float) -> "Store":
+    def discover_store(cls, rank: int, size: int, timeout: float) -> Store:
         """After :meth:`discover_world`: a Store every rank shares (collective).
 
         The default is a process-local HashStore, enough for a world of one.
@@ -169,6 +171,11 @@ class DataChannel(abc.ABC):
         #: channels riding on this one's control plane (sub-groups, gloo over its side
         #: channel), by control id, with this channel's rank -> theirs
         self._children: dict[int, tuple[DataChannel, dict[int, int]]] = {}
+        #: the flight recorder's view of this channel (procgroup.backend._recorder); every
+        #: op a caller starts passes once through blocking() or start(), which record it
+        self._flight_info = _recorder.register(self)
+        self._run_cache: dict[str, Callable[..., Any]] = {}
+        self._start_cache: dict[str, Callable[..., Any]] = {}
         # the caller-facing p2p calls, bound once: they are on every message's path
         self.send = self.blocking("send")  # type: ignore[method-assign]
         self.recv = self.blocking("recv")  # type: ignore[method-assign]
@@ -192,7 +199,10 @@ class DataChannel(abc.ABC):
 
     def run(self, op: str, *args: Any) -> Any:
         """Run ``op`` to completion (after the collectives still queued on the thread)."""
-        return self.blocking(op)(*args)
+        fn = self._run_cache.get(op)
+        if fn is None:
+            fn = self._run_cache[op] = self.blocking(op)
+        return fn(*args)
 
     def run_uniform(self, op: str, *args: Any) -> None:
         """Run collective ``op`` so that it fails on every survivor or on none
@@ -201,22 +211,39 @@ class DataChannel(abc.ABC):
 
     def start(self, op: str, *args: Any) -> Work:
         """Start ``op`` and return its Work without waiting for it."""
-        if self._agreement is not None and op not in _P2P:
-            self._agreement.check(op, args)
+        fn = self._start_cache.get(op)
+        if fn is None:
+            fn = self._start_cache[op] = _recorder.wrap(self, op, self._starter(op), started=True)
+        return fn(*args)
+
+    def _starter(self, op: str) -> Callable[..., Work]:
+        """The callable behind :meth:`start` for ``op`` (unrecorded)."""
+        agreement = self._agreement if op not in _P2P else None
         has_do, has_start = self._forms[op]
-        if has_start:
-            return getattr(self, f"start_{op}")(*args)
-        fn = getattr(self, f"do_{op}")
-        if op in _P2P:
-            return FutureWork(op, self._p2p_executor().submit(fn, *args))
-        return FutureWork(op, self._executor.submit(fn, *args))
+
+        def start_op(*args: Any) -> Work:
+            if agreement is not None:
+                agreement.check(op, args)
+            if has_start:
+                return getattr(self, f"start_{op}")(*args)
+            fn = getattr(self, f"do_{op}")
+            if op in _P2P:
+                return FutureWork(op, self._p2p_executor().submit(fn, *args))
+            return FutureWork(op, self._executor.submit(fn, *args))
+
+        return start_op
 
     def blocking(self, op: str, *, unchecked: bool = False) -> Callable[..., Any]:
         """The fastest callable that runs ``op`` to completion; the core caches it for
-        small messages (its cost is the fixed cost of every blocking call). With
-        PROCGROUP_DEBUG=DETAIL a collective's callable checks first (unless ``unchecked``)."""
+        small messages (its cost is the fixed cost of every blocking call, the flight
+        recorder's entry included). With PROCGROUP_DEBUG=DETAIL a collective's callable
+        checks first (unless ``unchecked``)."""
+        return _recorder.wrap(self, op, self._blocking(op, unchecked))
+
+    def _blocking(self, op: str, unchecked: bool) -> Callable[..., Any]:
+        """The callable behind :meth:`blocking` (unrecorded)."""
         if self._agreement is not None and not unchecked and op not in _P2P:
-            return self._agreement.checked(op, self.blocking(op, unchecked=True))
+            return self._agreement.checked(op, self._blocking(op, True))
         has_do, has_start = self._forms[op]
         if has_do:
             fn = getattr(self, f"do_{op}")
@@ -281,7 +308,7 @@ class DataChannel(abc.ABC):
         direct.barrier(self, self.next_collective_tag())
 
     # ------------------------------------------------------------ groups
-    def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> "DataChannel":
+    def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
         """A channel over ``ranks`` (this channel's ranks), called by those members only.
 
         The default reuses this channel's transport with translated ranks and a tag space
@@ -330,6 +357,7 @@ class DataChannel(abc.ABC):
             self._closed = True
         if self._survival is not None:
             self._survival.stop()  # what this rank owes the others goes out first
+        self._say_why_leaving()
         try:
             self.do_close()
         finally:
@@ -342,6 +370,25 @@ class DataChannel(abc.ABC):
 
     def do_close(self) -> None:
         """Release sockets/communicators; pending calls must fail, not hang."""
+
+    def _say_why_leaving(self) -> None:
+        """A rank that leaves because something failed tells each live member why, on the
+        control plane before its goodbye: an error its departure causes there then names
+        the first failure, not this departure (procgroup.backend._recorder)."""
+        if not self.survives or self.size < 2 or isinstance(self, SubChannel) or self.ctx.group_id != 0:
+            return
+        reason = _recorder.departure_reason(self)
+        if reason is None:
+            return
+        payload = json.dumps({"g": self.control_id, "left": reason[:2000]}).encode()
+        dead = set(self.failed_ranks())
+        for peer in range(self.size):
+            if peer == self.rank or peer in dead:
+                continue
+            try:
+                self.do_control_send(peer, payload)
+            except Exception:  # best effort: a peer already gone needs no reason
+                log.debug("could not tell rank %d why this rank leaves", peer, exc_info=True)
 
     # ------------------------------------------------------------ surviving a death
     # A backend that implements do_control_send, calls control_received for what
@@ -379,6 +426,10 @@ class DataChannel(abc.ABC):
             raise PeerError(f"rank {who} sent a malformed control message: the stream is corrupt or not "
                             f"procgroup's; closing the connection to it", rank=who)
         gid = msg["g"]
+        left = msg.get("left")
+        if isinstance(left, str):  # a member says why it leaves (_say_why_leaving)
+            _recorder.departed(self.ctx.global_rank(src), left)
+            return
         if gid == self.control_id:
             self.survival().received(src, msg)
             return
@@ -409,7 +460,7 @@ class DataChannel(abc.ABC):
         """What this channel's control messages carry to reach it: its group id."""
         return self.ctx.group_id
 
-    def carry_control(self, child: "DataChannel", index: dict[int, int]) -> None:
+    def carry_control(self, child: DataChannel, index: dict[int, int]) -> None:
         """Route ``child``'s control messages and deaths through this channel (``index``:
         this channel's rank -> the child's); a channel riding on this one calls it."""
         self._children[child.control_id] = (child, index)
@@ -435,7 +486,7 @@ class DataChannel(abc.ABC):
         """The same Decision on every live member (AND of ``flag``), surviving deaths."""
         return self.survival().agree(flag, timeout, extra)
 
-    def do_shrink(self, ctx: ChannelContext) -> "DataChannel":
+    def do_shrink(self, ctx: ChannelContext) -> DataChannel:
         """Hook: a channel of this backend among the survivors that ``ctx`` describes (a
         new Store, new ranks). The default builds a new instance of the class; a backend
         with state to carry over, or none to build, overrides it."""

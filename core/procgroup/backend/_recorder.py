@@ -1,0 +1,542 @@
+"""The flight recorder: every rank keeps a bounded ring of its last operations.
+
+Each op a caller starts on a :class:`~procgroup.backend.DataChannel` (the core's calls,
+an algorithm's collectives; not the point-to-point steps inside a collective, whose tags
+lie above the user tag space) passes once through :func:`wrap`, which writes one entry:
+the group, the op's number on it (collectives and point-to-point counted apart, so the
+collective numbers agree on every member), the op, root or peer, size and dtype, the
+state (issued, waiting, done, failed), times, and the caller's file and line: the first
+frame outside procgroup and the backend packages. The entry is a plain list written into
+a preallocated ring, so the cost is a few attribute reads and one frame walk per op
+(measured in docs/debugging.md); anything that costs more (names, strings, world ranks)
+is worked out only when the record is read.
+
+:func:`snapshot` returns the entries as dicts; :func:`dump` adds the stacks of every
+thread (so a rank stuck outside procgroup shows where). A rank publishes its dump
+through the job's Store when another rank asks (:class:`Responder`, one thread blocked
+in a Store get), which is how a rank whose op timed out names the culprit without
+procgroup-run (:func:`gather`); procgroup-run asks by signal instead (docs/debugging.md).
+
+``PROCGROUP_FLIGHT_RECORDER``: the ring's size (default 1024 entries); 0 turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+
+from ..errors import CommTimeoutError, PeerError, ProcGroupError
+from ._context import MAX_USER_TAG, POINT_TO_POINT
+
+if TYPE_CHECKING:
+    from ._channel import DataChannel
+
+log = logging.getLogger(__name__)
+
+ENV_RING = "PROCGROUP_FLIGHT_RECORDER"
+#: set by procgroup-run: where a rank writes its dump when signalled or when it fails
+ENV_DIR = "PROCGROUP_FLIGHT_DIR"
+DEFAULT_RING = 1024
+#: a published dump keeps the newest entries of each group only (a Store value stays small)
+PUBLISHED_PER_GROUP = 64
+#: how long a rank whose op failed waits for the others' dumps through the Store
+GATHER_SECONDS = 1.5
+#: how long a PeerError waits for the departed rank's reason (sent before its goodbye)
+DEPARTURE_WAIT_S = 0.3
+
+_P2P = frozenset(POINT_TO_POINT)
+#: entry fields (a list, for speed)
+_GROUP, _SEQ, _OP, _PEER, _NBYTES, _DTYPE, _STATE, _T0, _T1, _CODE, _LINE, _EXTRA = range(12)
+STARTED, DONE, FAILED, ISSUED = 0, 1, 2, 3
+_STATE_NAMES = {STARTED: "waiting", DONE: "done", FAILED: "failed", ISSUED: "issued"}
+
+#: op -> (index of the array that gives size and dtype, index of the root/peer); the
+#: arguments as a channel takes them (procgroup.backend._channel)
+_ARGS: dict[str, tuple[int | None, int | None]] = {
+    "send": (0, 1), "recv": (0, 1),
+    "broadcast": (0, 1), "all_reduce": (0, None), "reduce": (0, 1),
+    "all_gather": (1, None), "gather": (0, 2), "scatter": (0, 2),
+    "reduce_scatter": (0, None), "all_to_all": (1, None), "barrier": (None, None),
+}
+
+
+def _ring_size() -> int:
+    raw = os.environ.get(ENV_RING, "")
+    try:
+        return max(0, int(raw)) if raw.strip() else DEFAULT_RING
+    except ValueError:
+        log.warning("%s=%r is not an integer: using %d", ENV_RING, raw, DEFAULT_RING)
+        return DEFAULT_RING
+
+
+class GroupInfo:
+    """What the record says of one channel: names and world ranks, and its op counters."""
+
+    __slots__ = ("key", "group_id", "backend", "ranks", "rank", "coll", "p2p", "__weakref__")
+
+    def __init__(self, key: str, group_id: int, backend: str, ranks: tuple[int, ...], rank: int) -> None:
+        self.key = key
+        self.group_id = group_id
+        self.backend = backend
+        self.ranks = ranks  # world rank of each channel rank
+        self.rank = rank  # this process's channel rank
+        self.coll = 0  # collectives started on the channel
+        self.p2p = 0  # point-to-point calls started on it
+
+    def world(self, rank: Any) -> Any:
+        return self.ranks[rank] if isinstance(rank, int) and 0 <= rank < len(self.ranks) else rank
+
+
+# ------------------------------------------------------------------ the caller's frame
+_own_dirs: list[str] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]
+_own_codes: dict[Any, bool] = {}  # code object -> True when it is procgroup's or a backend's
+
+
+def add_own_package(module_name: str) -> None:
+    """Count a backend's package as procgroup's own: its frames are never the caller."""
+    mod = sys.modules.get(module_name.split(".")[0])
+    path = getattr(mod, "__file__", None)
+    if path:
+        d = os.path.dirname(os.path.abspath(path)) + os.sep
+        if d not in _own_dirs:
+            _own_dirs.append(d)
+            _own_codes.clear()
+
+
+def _classify(code: Any) -> bool:
+    name = code.co_filename
+    own = any(name.startswith(d) for d in _own_dirs) or name.startswith("<frozen") or (
+        os.sep + "concurrent" + os.sep in name or name.endswith(os.sep + "threading.py"))
+    _own_codes[code] = own
+    return own
+
+
+_getframe = sys._getframe
+_perf = time.perf_counter
+
+
+# ------------------------------------------------------------------ the ring
+class Recorder:
+    """The process's ring of entries (one per process: every channel writes to it)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.ring: list[list[Any] | None] = [None] * size
+        self.next = 0  # entries written so far
+        self.world_rank: int | None = None
+        self.groups: weakref.WeakSet[GroupInfo] = weakref.WeakSet()
+        #: what this rank knows of the job's first failure and of departures, world ranks
+        self.first_failure: str | None = None
+        self.departures: dict[int, str] = {}
+        self.responder: Responder | None = None
+
+    def entries(self) -> list[list[Any]]:
+        """The entries, oldest first (copies: the ring goes on changing)."""
+        n, size = self.next, self.size
+        if size == 0:
+            return []
+        order = range(n - size, n) if n > size else range(n)
+        out = []
+        for i in order:
+            e = self.ring[i % size]
+            if e is not None:
+                out.append(list(e))
+        return out
+
+
+RECORDER = Recorder(_ring_size())
+
+
+def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = False) -> Callable[..., Any]:
+    """``fn`` (the blocking callable of ``op``, or its ``start`` when ``started``) writing
+    one ring entry per call."""
+    rec = RECORDER
+    size = rec.size
+    if size == 0:
+        return fn
+    info = channel._flight_info
+    ring = rec.ring
+    array_at, peer_at = _ARGS.get(op, (None, None))
+    p2p = op in _P2P
+    own = _own_codes
+    classify = _classify
+    failed = _failed
+
+    def where() -> tuple[Any, int]:
+        f: Any = _getframe(2)
+        while f is not None:
+            k = own.get(f.f_code)
+            if k is None:
+                k = classify(f.f_code)
+            if not k:
+                return f.f_code, f.f_lineno
+            f = f.f_back
+        return None, 0
+
+    if p2p:
+        def call_p2p(array: Any, peer: Any = None, tag: int = 0) -> Any:
+            if tag >= MAX_USER_TAG:  # a step of a collective, a group's translated call
+                return fn(array, peer, tag)
+            code, line = where()
+            seq = info.p2p + 1  # numbered from 1: "the 5th all_reduce" is #5
+            info.p2p = seq
+            entry = [info, seq, op, peer, getattr(array, "nbytes", -1), getattr(array, "dtype", None),
+                     ISSUED if started else STARTED, _perf(), 0.0, code, line, None]
+            i = rec.next
+            rec.next = i + 1
+            ring[i % size] = entry
+            try:
+                result = fn(array, peer, tag)
+            except BaseException as exc:
+                failed(channel, entry, exc)
+                raise
+            if started:
+                _track(entry, result)
+            else:
+                entry[_STATE] = DONE
+                entry[_T1] = _perf()
+            return result
+
+        return call_p2p
+
+    def call(*args: Any) -> Any:
+        code, line = where()
+        seq = info.coll + 1
+        info.coll = seq
+        if array_at is not None and array_at < len(args):
+            x = args[array_at]
+            nbytes = getattr(x, "nbytes", None)
+            if nbytes is None:
+                nbytes, dtype = _list_shape(x)
+            else:
+                dtype = x.dtype
+        else:
+            nbytes, dtype = 0, None
+        peer = args[peer_at] if peer_at is not None and peer_at < len(args) else None
+        entry = [info, seq, op, peer, nbytes, dtype, ISSUED if started else STARTED, _perf(), 0.0, code, line, None]
+        i = rec.next
+        rec.next = i + 1
+        ring[i % size] = entry
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            failed(channel, entry, exc)
+            raise
+        if started:
+            _track(entry, result)
+        else:
+            entry[_STATE] = DONE
+            entry[_T1] = _perf()
+        return result
+
+    return call
+
+
+def _list_shape(x: Any) -> tuple[int, Any]:
+    if isinstance(x, (list, tuple)) and x:
+        return sum(int(getattr(a, "nbytes", 0)) for a in x), getattr(x[0], "dtype", None)
+    return -1, None
+
+
+def _track(entry: list[Any], work: Any) -> None:
+    """An issued op's Work, weakly: the record asks it whether it completed."""
+    try:
+        entry[_EXTRA] = weakref.ref(work)
+    except TypeError:
+        entry[_STATE] = DONE  # a Work that cannot be referenced weakly is a completed one
+
+
+def _failed(channel: DataChannel, entry: list[Any], exc: BaseException) -> None:
+    entry[_STATE] = FAILED
+    entry[_T1] = _perf()
+    entry[_EXTRA] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if isinstance(exc, ProcGroupError) and not getattr(exc, "_flight_seen", False):
+        try:
+            exc._flight_seen = True  # type: ignore[attr-defined]
+            explain(channel, entry, exc)
+        except Exception:  # the report is best effort: the op's own error is what counts
+            log.debug("flight recorder: could not explain %s", exc, exc_info=True)
+
+
+# ------------------------------------------------------------------ reading the record
+def _entry_dict(e: list[Any], wall: float) -> dict[str, Any]:
+    info: GroupInfo = e[_GROUP]
+    state = e[_STATE]
+    extra = e[_EXTRA]
+    if state == ISSUED:
+        work = extra() if callable(extra) else None
+        if work is None:
+            state = DONE
+        else:
+            try:
+                if work.is_completed():
+                    state = FAILED if work.exception() is not None else DONE
+            except Exception:  # noqa: BLE001 - a broken Work reads as still issued
+                pass
+        extra = None
+    code = e[_CODE]
+    dtype = e[_DTYPE]
+    d = {
+        "group": info.key, "group_id": info.group_id, "backend": info.backend, "group_ranks": list(info.ranks),
+        "seq": e[_SEQ], "op": e[_OP], "kind": "p2p" if e[_OP] in _P2P else "collective",
+        "peer": info.world(e[_PEER]), "bytes": int(e[_NBYTES]) if e[_NBYTES] is not None else -1,
+        "dtype": str(getattr(dtype, "name", dtype)) if dtype is not None else None,
+        "state": _STATE_NAMES[state],
+        "start": round(e[_T0] + wall, 6), "end": round(e[_T1] + wall, 6) if e[_T1] else None,
+        "file": code.co_filename if code is not None else None, "line": e[_LINE] or None,
+        "function": code.co_name if code is not None else None,
+    }
+    if isinstance(extra, str):
+        d["error"] = extra
+    return d
+
+
+def snapshot() -> list[dict[str, Any]]:
+    """This rank's record: the ring's entries as dicts, oldest first."""
+    wall = time.time() - _perf()
+    return [_entry_dict(e, wall) for e in RECORDER.entries()]
+
+
+def stacks(skip: int | None = None, frame: Any = None) -> list[dict[str, Any]]:
+    """Every thread's stack, innermost frame last (``frame`` replaces the current thread's
+    top, e.g. a signal handler's interrupted frame; ``skip``: a thread ident to leave out)."""
+    names = {t.ident: (t.name, t.daemon) for t in threading.enumerate()}
+    me = threading.get_ident()
+    out = []
+    for ident, top in sys._current_frames().items():
+        if ident == skip:
+            continue
+        if ident == me and frame is not None:
+            top = frame
+        name, daemon = names.get(ident, (f"thread {ident}", True))
+        frames = [{"file": fs.filename, "line": fs.lineno, "function": fs.name, "code": (fs.line or "").strip()}
+                  for fs in traceback.extract_stack(top, limit=40)]
+        out.append({"thread": name, "main": ident == threading.main_thread().ident, "daemon": daemon,
+                    "frames": frames})
+    return out
+
+
+def dump(frame: Any = None, per_group: int | None = None, skip_thread: int | None = None) -> dict[str, Any]:
+    """This rank's record and stacks, JSON-ready."""
+    ops = snapshot()
+    if per_group is not None:
+        kept: dict[str, int] = {}
+        picked = []
+        for d in reversed(ops):
+            k = kept.get(d["group"], 0)
+            if k < per_group:
+                kept[d["group"]] = k + 1
+                picked.append(d)
+        ops = picked[::-1]
+    rec = RECORDER
+    rank = rec.world_rank
+    if rank is None:
+        env = os.environ.get("RANK")
+        rank = int(env) if env is not None and env.isdigit() else None
+    return {
+        "format": "procgroup-flight-1", "rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
+        "time": time.time(), "ring_size": rec.size, "ops_recorded": rec.next,
+        "own_dirs": list(_own_dirs), "first_failure": rec.first_failure,
+        "departures": {str(k): v for k, v in rec.departures.items()},
+        "ops": ops, "stacks": stacks(skip=skip_thread, frame=frame),
+    }
+
+
+def write_dump(path: str, frame: Any = None) -> None:
+    """Write :func:`dump` as JSON to ``path`` atomically (a reader never sees half of it)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(dump(frame=frame), f)
+    os.replace(tmp, path)
+
+
+def dump_path(directory: str, rank: Any) -> str:
+    return os.path.join(directory, f"rank{rank}.flight.json")
+
+
+# ------------------------------------------------------------------ channels register
+def register(channel: DataChannel) -> GroupInfo:
+    """The GroupInfo of a new channel (the core calls it from DataChannel.__init__)."""
+    ctx = channel.ctx
+    ranks = tuple(ctx.global_ranks) if ctx.global_ranks else tuple(range(ctx.size))
+    prefix = getattr(ctx.store, "prefix", None)
+    key = prefix[3:] if isinstance(prefix, str) and prefix.startswith("pg/") else f"group{ctx.group_id}"
+    if key.startswith("shrink") or not key:
+        key = f"group{ctx.group_id}"
+    info = GroupInfo(key, ctx.group_id, channel.backend_name or type(channel).__name__, ranks, ctx.rank)
+    RECORDER.groups.add(info)
+    add_own_package(type(channel).__module__)
+    if ctx.group_id == 0 and ctx.size == len(ranks):
+        RECORDER.world_rank = ranks[ctx.rank] if ctx.rank < len(ranks) else ctx.rank
+        if ctx.size > 1 and RECORDER.size:
+            _start_responder(channel)
+    return info
+
+
+# ------------------------------------------------------------------ gathering through the Store
+_ASKS = "flight/asks"
+
+
+def _store_of(channel: DataChannel) -> Any:
+    """The channel's Store when a thread may block in it cheaply (a TCPStore), else None."""
+    store = channel.ctx.store
+    inner: Any = store
+    for _ in range(8):
+        if type(inner).__name__ == "TCPStore":
+            return store
+        inner = getattr(inner, "store", None)
+        if inner is None:
+            return None
+    return None
+
+
+class Responder:
+    """A thread of each rank that answers other ranks' requests for its dump (Store keys
+    ``flight/ask/N`` -> ``flight/rec/N/<rank>``); it ends when the Store closes."""
+
+    def __init__(self, store: Any, rank: int, size: int) -> None:
+        self.store = store
+        self.rank = rank
+        self.size = size
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="procgroup-flight", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        n = 1
+        while not self.stopped:
+            try:
+                self.store.get(f"flight/ask/{n}", timeout=3600.0)
+            except CommTimeoutError:
+                continue
+            except Exception:  # noqa: BLE001 - the Store closed (destroy_process_group) or broke: done
+                return
+            if self.stopped:
+                return
+            try:
+                body = json.dumps(dump(per_group=PUBLISHED_PER_GROUP, skip_thread=threading.get_ident()))
+                self.store.set(f"flight/rec/{n}/{self.rank}", body)
+            except Exception:
+                log.debug("flight recorder: cannot publish dump %d", n, exc_info=True)
+                return
+            n += 1
+
+
+def _start_responder(channel: DataChannel) -> None:
+    store = _store_of(channel)
+    if store is None:
+        return
+    old = RECORDER.responder
+    if old is not None:
+        old.stopped = True
+    RECORDER.responder = Responder(store, channel.ctx.rank, channel.ctx.size)
+
+
+def gather(timeout: float = GATHER_SECONDS) -> dict[int, dict[str, Any]]:
+    """Every live rank's dump, asked through the Store (this rank's own included); ranks
+    that do not answer within ``timeout`` are left out. Empty without a responder."""
+    resp = RECORDER.responder
+    if resp is None or resp.stopped:
+        return {}
+    store = resp.store
+    n = int(store.add(_ASKS, 1))
+    store.set(f"flight/ask/{n}", str(resp.rank))
+    found: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    for r in range(resp.size):
+        left = deadline - time.monotonic()
+        try:
+            raw = store.get(f"flight/rec/{n}/{r}", timeout=max(left, 0.05))
+            data = json.loads(raw)
+        except Exception:  # noqa: BLE001 - a rank that does not answer is left out
+            continue
+        if isinstance(data, dict):
+            found[r] = data
+    return found
+
+
+# ------------------------------------------------------------------ explaining a failure
+def explain(channel: DataChannel, entry: list[Any], exc: ProcGroupError) -> None:
+    """Add to a failed op's error what the record knows: the first failure of the job for
+    a PeerError, the culprit for a timeout (from every live rank's dump)."""
+    from .. import _flight_analysis as analysis
+
+    rec = RECORDER
+    notes = []
+    if isinstance(exc, PeerError):
+        info = channel._flight_info
+        blamed = [info.world(r) for r in (exc.ranks or ())]
+        # a departing rank's reason goes out before its goodbye, but the goodbye may be
+        # seen first on another path (shared memory): give the reason a moment to land
+        deadline = time.monotonic() + DEPARTURE_WAIT_S
+        while blamed and not any(r in rec.departures for r in blamed) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        mine = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        why = [f"rank {r} left because: {rec.departures[r].split('; first failure: ')[0]}"
+               for r in blamed if r in rec.departures]
+        first = rec.first_failure
+        if first is None:
+            rec.first_failure = first = f"{mine}" + (f" ({why[0]})" if why else "")
+        elif not any(first.startswith(f"rank {r} left:") for r in blamed) or not why:
+            notes.append(f"first failure in the job: {first}")
+        notes.extend(why)
+    elif isinstance(exc, CommTimeoutError):
+        dumps = gather()
+        if dumps:
+            report = analysis.analyse(list(dumps.values()), world_size=None)
+            text = report.summary()
+            if text:
+                notes.append(text)
+                log.error("procgroup flight recorder, as seen by rank %s:\n%s", rec.world_rank, report.text())
+    directory = os.environ.get(ENV_DIR)
+    if directory:
+        try:
+            write_dump(dump_path(directory, rec.world_rank), None)
+        except OSError:
+            pass
+    if notes and exc.args and isinstance(exc.args[0], str):
+        exc.args = (exc.args[0] + "\n  " + "\n  ".join(notes),) + exc.args[1:]
+
+
+def departure_reason(channel: DataChannel) -> str | None:
+    """Why this rank is leaving, when it leaves because something failed: its channel's
+    failure, else the exception the interpreter is exiting with."""
+    failure = channel.failure
+    rec = RECORDER
+    if failure is not None:
+        text = str(failure).splitlines()[0] if str(failure) else type(failure).__name__
+        if rec.first_failure and rec.first_failure not in text:
+            text += f"; first failure: {rec.first_failure}"
+        return text
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if last is not None and not isinstance(last, (KeyboardInterrupt, SystemExit)):
+        tb = traceback.extract_tb(last.__traceback__)
+        theirs = [f for f in tb if not any(f.filename.startswith(d) for d in _own_dirs)] or tb
+        where = f" at {os.path.basename(theirs[-1].filename)}:{theirs[-1].lineno}" if theirs else ""
+        text = f"it raised {type(last).__name__}: {str(last).splitlines()[0] if str(last) else ''}{where}"
+        return text if rec.first_failure is None else f"{text}; first failure: {rec.first_failure}"
+    return None
+
+
+def departed(rank: int, reason: str) -> None:
+    """A peer (world ``rank``) said why it leaves: kept for the errors its departure causes.
+    Its reason carries the first failure it knew of, which becomes this rank's too."""
+    rec = RECORDER
+    reason = reason[:1000]
+    rec.departures[rank] = reason
+    if rec.first_failure is None:
+        marker = "; first failure: "
+        rec.first_failure = reason.split(marker, 1)[1] if marker in reason else f"rank {rank} left: {reason}"
+
+
+__all__ = ["ENV_DIR", "ENV_RING", "RECORDER", "GroupInfo", "Recorder", "departed", "departure_reason", "dump",
+           "dump_path", "gather", "register", "snapshot", "stacks", "wrap", "write_dump"]
