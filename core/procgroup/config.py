@@ -1,23 +1,21 @@
-"""pydantic models for the user-facing settings of init_process_group, and env parsing.
+"""The settings of init_process_group: one model, validated once.
 
-Validation errors become :class:`~procgroup.errors.InvalidArgumentError` whose message
-names the value, what was expected (in procgroup's words, never pydantic's) and where it
-came from (argument or variable). pydantic is imported on first use, not with
-``import procgroup`` (it is about half of the import time otherwise).
+:func:`init_settings` turns init_process_group's arguments (with defaults from the
+environment) into a frozen :class:`InitSettings`, or raises one
+:class:`~procgroup.errors.InvalidArgumentError` that names every bad value, what was
+expected (in procgroup's words) and where it came from (argument or variable). Nothing
+after it re-checks these values: the lifecycle and the rendezvous take them as given.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-from typing import TYPE_CHECKING, Any
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from ._settings import plain_problem, timeout_seconds
+from ._settings import timeout_seconds
 from .errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from pydantic import BaseModel
 
 #: Default for every blocking call; PROCGROUP_TIMEOUT (seconds) overrides it.
 DEFAULT_TIMEOUT_S = 300.0
@@ -27,69 +25,100 @@ ENV_BACKEND = "PROCGROUP_BACKEND"
 ENV_TIMEOUT = "PROCGROUP_TIMEOUT"
 
 
-@functools.cache
-def _model() -> type[BaseModel]:
-    """The InitSettings model, built (and pydantic imported) on first use."""
-    from pydantic import BaseModel, ConfigDict, Field, field_validator
+@dataclass(frozen=True)
+class InitSettings:
+    """The arguments of init_process_group, validated, after defaults from the environment.
 
-    class InitSettings(BaseModel):
-        """The arguments of init_process_group, after defaults from the environment."""
+    ``world_size`` and ``rank`` are -1 when not given (the init method or the backend's
+    launcher says); ``world_size`` is 0 only for torch's MPI recipe ("the launcher
+    decides"), which init_process_group accepts only for a backend with its own launcher.
+    """
 
-        model_config = ConfigDict(frozen=True, extra="forbid")
+    backend: str
+    init_method: str | None
+    world_size: int
+    rank: int
+    group_name: str
+    timeout: float
+    options: Mapping[str, Any] = field(default_factory=dict)
+    token: str | bytes | None = None
+    store: Any = None
 
-        backend: str = Field(min_length=1)
-        init_method: str | None = None
-        world_size: int = Field(ge=-1)
-        rank: int = Field(ge=-1)
-        group_name: str = ""
-        timeout: float = Field(gt=0)
-
-        @field_validator("world_size")
-        @classmethod
-        def _nonzero(cls, v: int) -> int:
-            if v == 0:
-                raise ValueError("must be positive, or -1 to take it from the init method")
-            return v
-
-    InitSettings.__module__ = __name__
-    return InitSettings
+    def refuse_size_zero(self, *, unless: bool) -> None:
+        """world_size=0 ("the launcher decides") is an error ``unless`` the backend's own
+        launcher gives rank and size."""
+        if self.world_size == 0 and not unless:
+            raise InvalidArgumentError(f"init_process_group: argument world_size=0: {_SIZE_ZERO}")
 
 
-def __getattr__(name: str) -> Any:
-    if name == "InitSettings":
-        return _model()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+_SIZE_ZERO = "must be positive, or -1 to take it from the init method"
 
 
-if TYPE_CHECKING:
-    class InitSettings(BaseModel):  # what _model() returns, for type checkers
-        backend: str
-        init_method: str | None
-        world_size: int
-        rank: int
-        group_name: str
-        timeout: float
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _describe(errors: list[dict[str, Any]], sources: Mapping[str, str]) -> str:
-    parts = []
-    for err in errors:
-        field = str(err["loc"][0]) if err["loc"] else "?"
-        where = sources.get(field, f"argument {field}")
-        parts.append(f"{where}={err.get('input')!r}: {plain_problem(err)}")
-    return "; ".join(parts)
+def _as_int(value: Any) -> Any:
+    """A whole number given as text ("4", from an environment variable) as an int; any
+    other value as it is (then checked)."""
+    if isinstance(value, str) and value.strip().removeprefix("-").isdigit():
+        return int(value)
+    return value
+
+
+def _problems(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, problem) for every bad value of ``s``, in argument order."""
+    out: list[tuple[str, str]] = []
+    if not isinstance(s["backend"], str):
+        out.append(("backend", "must be a str"))
+    elif not s["backend"]:
+        out.append(("backend", "must not be empty"))
+    if s["init_method"] is not None and not isinstance(s["init_method"], str):
+        out.append(("init_method", "must be a str"))
+    for name in ("world_size", "rank"):
+        if not _whole(s[name]):
+            out.append((name, "must be a whole number"))
+        elif s[name] < -1:
+            out.append((name, "must be >= -1"))
+    if not isinstance(s["group_name"], str):
+        out.append(("group_name", "must be a str"))
+    if not isinstance(s["options"], Mapping):
+        out.append(("options", f"must be a dict, got {type(s['options']).__name__}"))
+    if s["token"] is not None and not isinstance(s["token"], (str, bytes)):
+        out.append(("token", f"must be a str or bytes, got {type(s['token']).__name__}"))
+    return out
+
+
+def _check_store(s: InitSettings) -> None:
+    """store=... replaces the init method: rank and world_size must then be given."""
+    if s.store is None:
+        return
+    if s.init_method is not None:
+        raise InvalidArgumentError("init_process_group: pass either init_method or store, not both")
+    if s.rank < 0 or s.world_size < 1:
+        raise InvalidArgumentError("init_process_group: with store=..., rank and world_size must be given")
+    if s.rank >= s.world_size:
+        raise InvalidArgumentError(f"init_process_group: rank {s.rank} is outside the world of size {s.world_size}")
 
 
 def init_settings(
-    backend: str | None,
-    init_method: str | None,
+    backend: Any,
+    init_method: Any,
     world_size: Any,
     rank: Any,
     group_name: Any,
     timeout: Any,
     environ: Mapping[str, str] | None = None,
+    *,
+    options: Any = None,
+    token: Any = None,
+    store: Any = None,
 ) -> InitSettings:
-    """Validate init_process_group's arguments; None values fall back to the environment."""
+    """Validate init_process_group's arguments; None values fall back to the environment.
+
+    ``world_size=0`` passes here; :meth:`InitSettings.refuse_size_zero` decides once the
+    backend is known.
+    """
     env = os.environ if environ is None else environ
     sources: dict[str, str] = {}
     if backend is None:
@@ -102,21 +131,18 @@ def init_settings(
             timeout = DEFAULT_TIMEOUT_S
     else:
         timeout = timeout_seconds(timeout)
-    from pydantic import ValidationError
-
-    try:
-        return _model()(  # type: ignore[return-value]
-            backend=backend.lower() if isinstance(backend, str) else backend,
-            init_method=init_method,
-            world_size=world_size,
-            rank=rank,
-            group_name=group_name,
-            timeout=timeout,
-        )
-    except ValidationError as exc:
-        raise InvalidArgumentError(
-            "init_process_group: " + _describe(exc.errors(), sources)  # type: ignore[arg-type]
-        ) from None
+    values: dict[str, Any] = {
+        "backend": backend.lower() if isinstance(backend, str) else backend, "init_method": init_method,
+        "world_size": _as_int(world_size), "rank": _as_int(rank), "group_name": group_name, "timeout": timeout,
+        "options": {} if options is None else options, "token": token, "store": store,
+    }
+    problems = _problems(values)
+    if problems:
+        raise InvalidArgumentError("init_process_group: " + "; ".join(
+            f"{sources.get(name, f'argument {name}')}={values[name]!r}: {problem}" for name, problem in problems))
+    settings = InitSettings(**values)
+    _check_store(settings)
+    return settings
 
 
 __all__ = [

@@ -200,7 +200,7 @@ def get_backend_spec(name: str) -> BackendSpec:
     raise BackendNotFoundError("; ".join([f"unknown backend {name!r}", *hint, f"choose one of: {installed}"]))
 
 
-def load_channel_class(name: str) -> tuple[BackendSpec, type]:
+def load_channel_class(name: str) -> tuple[BackendSpec, type[DataChannel]]:
     """Resolve ``name`` once at init: check availability and import the DataChannel class."""
     spec = get_backend_spec(name)
     reason = spec.unavailable()

@@ -114,7 +114,6 @@ def test_init_settings_defaults_come_from_the_environment() -> None:
 
 
 @pytest.mark.parametrize("field, args, words", [
-    ("world_size", dict(world_size=0), "world_size=0: must be positive, or -1"),
     ("world_size", dict(world_size=-2), "world_size=-2: must be >= -1"),
     ("rank", dict(rank="one"), "rank='one': must be a whole number"),
     ("backend", dict(backend=""), "backend='': must not be empty"),
@@ -127,6 +126,35 @@ def test_init_settings_errors_in_procgroups_words(field: str, args: dict[str, ob
     with pytest.raises(InvalidArgumentError, match="^init_process_group: ") as info:
         config.init_settings(environ={}, **values)
     assert words in str(info.value) and "Input should" not in str(info.value)
+
+
+def test_world_size_zero_only_where_the_launcher_decides() -> None:
+    s = config.init_settings("mpi", None, 0, -1, "", None, environ={})
+    s.refuse_size_zero(unless=True)
+    with pytest.raises(InvalidArgumentError, match="argument world_size=0: must be positive, or -1"):
+        s.refuse_size_zero(unless=False)
+
+
+def test_every_bad_argument_is_named_at_once() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        config.init_settings("tcp", 5, -7, True, "", None, environ={}, options=[1], token=3)
+    text = str(info.value)
+    for words in ("argument init_method=5: must be a str", "argument world_size=-7: must be >= -1",
+                  "argument rank=True: must be a whole number", "argument options=[1]: must be a dict, got list",
+                  "argument token=3: must be a str or bytes, got int"):
+        assert words in text, text
+    assert config.init_settings("tcp", None, "4", " 2", "", None, environ={}).world_size == 4  # from env text
+
+
+def test_a_store_needs_rank_and_size_and_no_init_method() -> None:
+    store = object()
+    s = config.init_settings("tcp", None, 2, 1, "", None, environ={}, store=store)
+    assert s.store is store
+    for args, words in (((None, -1, 1), "rank and world_size must be given"),
+                        (("env://", 2, 1), "either init_method or store"),
+                        ((None, 2, 2), "rank 2 is outside the world of size 2")):
+        with pytest.raises(InvalidArgumentError, match=words):
+            config.init_settings("tcp", args[0], args[1], args[2], "", None, environ={}, store=store)
 
 
 def test_init_settings_names_the_timeout_variable() -> None:

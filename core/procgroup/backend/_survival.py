@@ -239,7 +239,7 @@ class Survival:
         live member is never more than one call behind: a call cannot finish without it."""
         for table in (self._decided, self._mine, self._contribs, self._following):
             for old in [k for k in table if k < below]:
-                del table[old]  # type: ignore[attr-defined]
+                del table[old]
         self._queried = {k for k in self._queried if k >= below}
         self._announced = {k for k in self._announced if k >= below}
 
