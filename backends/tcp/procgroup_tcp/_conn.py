@@ -1,8 +1,9 @@
 """Connections of the tcp backend: the mesh set-up and one Peer per remote rank.
 
 A Peer owns its socket, an ordered send path (a lock for writes on the caller's
-thread, a one-thread queue for started sends), its frame reader (``_reader``) and a
-reader thread that reads only while no waiting caller does (``_progress``). It knows
+thread, a one-thread queue for started sends), its frame reader (``reader``, a
+``_reader.FrameReader``), a reader thread that reads only while no waiting caller does
+(``_progress``), and its life as one :class:`~procgroup_tcp._peer_state.PeerState`. It knows
 nothing of receives: where a frame's payload lands, and what a lost peer means, it
 asks of the layer above through the :class:`PeerEvents` it is given.
 """
@@ -31,6 +32,7 @@ from procgroup.backend import (
 from procgroup.errors import CommTimeoutError, PeerError, ProcGroupError
 
 from . import _wire
+from ._peer_state import TRANSITIONS, PeerState
 from ._progress import TICK_S, Engine
 from ._reader import FrameReader, Landing, PeerEvents
 
@@ -287,13 +289,13 @@ def _recv_exact_small(conn: socket.socket, n: int) -> bytes:
     return data
 
 
-class Peer(FrameReader):
+class Peer:
     """One remote rank: its socket, an ordered send path, and the frames it sends.
 
     Frames between one pair never overtake each other: each direction is one TCP
     stream, and sends are serialised by the send lock, behind any queued sends. Who
     reads the frames (a waiting caller, or this peer's reader thread while none does)
-    is decided by ``gate`` and the channel's :class:`~procgroup_tcp._progress.Engine`.
+    is decided by ``reader.gate`` and the channel's :class:`~procgroup_tcp._progress.Engine`.
     """
 
     def __init__(self, rank: int, global_rank: int, sock: socket.socket, timeout: float,
@@ -305,8 +307,8 @@ class Peer(FrameReader):
         self.timeout = timeout
         self.events = events
         self.engine = engine if engine is not None else Engine()
-        self.left = False  # sent a goodbye frame
-        self._closing = False
+        self.state = PeerState.OPEN
+        self._state_lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._queue_lock = threading.Lock()
         self._queued = 0
@@ -316,18 +318,35 @@ class Peer(FrameReader):
                                         name=f"procgroup-tcp-recv-{global_rank}", daemon=True)
         self._send_error: BaseException | None = None
         self._sendmsg = sock.sendmsg
-        # -- the read side (``_reader``, ``_progress``): whoever reads holds ``gate`` for whole frames
-        self.gate = threading.Lock()
-        self.driven_at = 0.0  # when a waiting caller last read this peer
-        self.parked = False  # the reader thread stands back (a caller reads this peer)
-        self._init_reader(sock)
+        self.reader = FrameReader(self, sock, events)
 
     def start_reader(self) -> None:
         self._reader.start()
 
+    # ------------------------------------------------------------------ its life
+    def become(self, new: PeerState) -> bool:
+        """Move to ``new`` if the state table allows it from the present state (under a
+        lock: the reader thread and a closing caller may race); False when refused."""
+        with self._state_lock:
+            if new not in TRANSITIONS[self.state]:
+                return False
+            self.state = new
+            return True
+
+    @property
+    def left(self) -> bool:
+        """The peer said goodbye."""
+        return self.state.left
+
+    @property
+    def over(self) -> bool:
+        """Nothing more will be read from the peer (goodbye, EOF, a broken stream, closed)."""
+        return self.state.over
+
     @property
     def closing(self) -> bool:
-        return self._closing
+        """This rank is closing the connection."""
+        return self.state.closing
 
     # ------------------------------------------------------------------ sending
     @property
@@ -454,10 +473,10 @@ class Peer(FrameReader):
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
         """Say goodbye (unless the peer is gone) and close the socket."""
-        self._closing = True
+        self.become(PeerState.CLOSING)
         # a sender stuck on a dead peer must not hold up teardown for long
         # a broken channel still says goodbye to the live: they must not count this rank dead
-        if not self.left and self._send_lock.acquire(timeout=1.0):
+        if not self.state.left and self._send_lock.acquire(timeout=1.0):
             try:
                 _send_all(self.sock, _wire.pack_header(_wire.KIND_GOODBYE, b"B", 0, self._seq_out, 0),
                           memoryview(b""), 1.0)
@@ -474,4 +493,4 @@ class Peer(FrameReader):
             self._sender.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["Landing", "Peer", "PeerEvents", "connect_mesh", "left_error"]
+__all__ = ["Landing", "Peer", "PeerEvents", "PeerState", "connect_mesh", "left_error"]

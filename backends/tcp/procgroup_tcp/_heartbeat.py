@@ -70,9 +70,9 @@ class Heartbeat:
             last = now
             for peer in list(self._peers()):
                 peer.send_heartbeat()
-                if now < judge_from or peer.receiving:
+                if now < judge_from or peer.reader.receiving:
                     continue
-                silent = now - peer.last_heard
+                silent = now - peer.reader.last_heard
                 if silent > self.deadline:
                     try:
                         self._on_silent(peer, silent)

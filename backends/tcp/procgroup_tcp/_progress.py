@@ -8,7 +8,7 @@ peer, through ``poll``), and each peer's reader thread reads only while no calle
 An idle rank thereby still takes in unexpected messages, heartbeats, control frames,
 mismatch notices and the news of a death.
 
-Who may read a peer's socket is decided by its ``gate``, a lock held for whole frames
+Who may read a peer's socket is decided by its reader's ``gate``, a lock held for whole frames
 (a frame is never split between two readers). The reader thread must not fight a
 caller for it (waking on every frame and contending for the GIL was what made an
 earlier try slower): when it finds the gate held, or a caller that read within
@@ -32,10 +32,13 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from ._peer_state import PeerState
+
 if TYPE_CHECKING:
     from ._conn import Peer
 
 _now = time.monotonic
+_OPEN = PeerState.OPEN
 _yield = getattr(os, "sched_yield", lambda: None)
 
 #: What ``Peer.read_frame`` returns: a frame was read and dispatched; none had started
@@ -112,7 +115,7 @@ class Engine:
         """No caller will read ``peers`` again: their reader threads go back to work now."""
         with self.cond:
             for peer in peers:
-                peer.driven_at = 0.0
+                peer.reader.driven_at = 0.0
             self.cond.notify_all()
 
     def stop(self) -> None:
@@ -124,11 +127,12 @@ class Engine:
     # ------------------------------------------------------------------ the reader thread
     def background(self, peer: Peer) -> None:
         """A peer's reader thread: read its frames while no caller does."""
+        reader = peer.reader
         poller = select.poll()
-        poller.register(peer.sock, _POLLIN)
-        gate = peer.gate
-        while not peer.over:
-            if peer.parked:
+        poller.register(reader.sock, _POLLIN)
+        gate = reader.gate
+        while not peer.state.over:
+            if reader.parked:
                 self._stand_back(peer)
                 continue
             try:
@@ -136,14 +140,14 @@ class Engine:
                     continue
             except (OSError, ValueError):  # the socket was closed under us: reading reports it
                 pass
-            if not self.blocked_sends and (gate.locked() or _now() - peer.driven_at < self.quiet):
-                peer.parked = True  # a caller reads this peer: stand back, do not contend
+            if not self.blocked_sends and (gate.locked() or _now() - reader.driven_at < self.quiet):
+                reader.parked = True  # a caller reads this peer: stand back, do not contend
                 continue
             if not gate.acquire(timeout=TICK_S):
                 continue
             try:
-                peer.read_frame(False)  # the frame may have gone to a caller meanwhile: never block
-                peer.drain_buffered()
+                reader.read_frame(False)  # the frame may have gone to a caller meanwhile: never block
+                reader.drain_buffered()
             finally:
                 gate.release()
 
@@ -151,21 +155,22 @@ class Engine:
         """Park until no caller has read ``peer`` for ``quiet`` seconds (or a send blocks).
 
         Leaving is done under the gate: a caller that let go of the gate while this thread
-        was parked may have left whole frames in the buffer (``Peer.let_go``), which
+        was parked may have left whole frames in the buffer (``FrameReader.let_go``), which
         ``poll`` would never report; they are dispatched here, before polling again."""
-        cond, quiet, gate = self.cond, self.quiet, peer.gate
+        reader = peer.reader
+        cond, quiet, gate = self.cond, self.quiet, reader.gate
         with cond:
-            while not (self.blocked_sends or self.stopped or peer.over or peer.closing):
-                if not gate.locked() and _now() - peer.driven_at >= quiet:
+            while not (self.blocked_sends or self.stopped or peer.state is not _OPEN):
+                if not gate.locked() and _now() - reader.driven_at >= quiet:
                     break
                 cond.wait(quiet)
         # a caller that took the gate meanwhile keeps this thread parked (never wait for
         # it: that would wake this thread as the caller lets go), unless it must read now
-        urgent = self.blocked_sends or self.stopped or peer.over or peer.closing
+        urgent = self.blocked_sends or self.stopped or peer.state is not _OPEN
         if gate.acquire(timeout=TICK_S) if urgent else gate.acquire(False):
             try:
-                peer.drain_buffered()
-                peer.parked = False
+                reader.drain_buffered()
+                reader.parked = False
             finally:
                 gate.release()
 
@@ -175,32 +180,33 @@ class Engine:
         ``deadline`` passes. Frames for other receives are dispatched on the way (to
         their posted receive, or the unexpected queue). The gate is held meanwhile, so
         the reader thread stands back."""
-        gate = peer.gate
+        reader = peer.reader
+        gate = reader.gate
         while not req.completed:
-            if peer.over or not gate.acquire(False):
+            if peer.state.over or not gate.acquire(False):
                 remaining = deadline - _now()
                 if remaining <= 0:
                     return
-                if peer.over:  # nothing more comes from it: whoever saw that fails the receive
+                if peer.state.over:  # nothing more comes from it: whoever saw that fails the receive
                     time.sleep(min(remaining, GATE_SLICE_S))
                     continue
                 # a reader is in the middle of a frame, maybe ours: look again soon
                 if not gate.acquire(timeout=min(remaining, GATE_SLICE_S)):
                     continue
             try:
-                while not req.completed and not peer.over:
+                while not req.completed and not peer.state.over:
                     remaining = deadline - _now()
                     if remaining <= 0:
                         return
                     if remaining >= TICK_S:
-                        peer.read_frame(True)
-                    elif not peer.wait_readable(remaining):  # a short wait must not overshoot by a tick
+                        reader.read_frame(True)
+                    elif not reader.wait_readable(remaining):  # a short wait must not overshoot by a tick
                         return
                     else:
-                        peer.read_frame(False)
+                        reader.read_frame(False)
             finally:
-                peer.let_go()
-                peer.driven_at = _now()
+                reader.let_go()
+                reader.driven_at = _now()
                 gate.release()
 
     def drive_any(self, peers: Sequence[Peer], req: Waiter, deadline: float) -> None:
@@ -209,15 +215,15 @@ class Engine:
             remaining = deadline - _now()
             if remaining <= 0:
                 return
-            live = [p for p in peers if not p.over]
+            live = [p.reader for p in peers if not p.state.over]
             if not live:
                 time.sleep(min(remaining, GATE_SLICE_S))
                 continue
-            buffered = [(p.fileno, 0) for p in live if p.has_frame]  # poll cannot see those
+            buffered = [(r.fileno, 0) for r in live if r.has_frame]  # poll cannot see those
             poller = select.poll()
-            for p in live:
-                poller.register(p.fileno, _POLLIN)
-            by_fd = {p.fileno: p for p in live}
+            for r in live:
+                poller.register(r.fileno, _POLLIN)
+            by_fd = {r.fileno: r for r in live}
             try:
                 ready = buffered or poller.poll(0)
                 if not ready and live[0].spin:  # watch the sockets a while before sleeping
@@ -228,18 +234,18 @@ class Engine:
                 if not ready:
                     ready = poller.poll(max(int(min(remaining, TICK_S) * 1000), 1))
             except (OSError, ValueError):
-                ready = [(p.fileno, 0) for p in live]  # a socket closed: reading it reports that
+                ready = [(r.fileno, 0) for r in live]  # a socket closed: reading it reports that
             while ready and not req.completed:
                 for fd, _ in ready:
-                    peer = by_fd.get(fd)
-                    if peer is None or not (peer.gate.acquire(False) or peer.gate.acquire(timeout=GATE_SLICE_S)):
+                    reader = by_fd.get(fd)
+                    if reader is None or not (reader.gate.acquire(False) or reader.gate.acquire(timeout=GATE_SLICE_S)):
                         continue
                     try:
-                        peer.read_frame(False)
-                        peer.let_go()
+                        reader.read_frame(False)
+                        reader.let_go()
                     finally:
-                        peer.driven_at = _now()
-                        peer.gate.release()
+                        reader.driven_at = _now()
+                        reader.gate.release()
                     if req.completed:
                         return
                 try:
@@ -255,8 +261,9 @@ class Engine:
         next segment meanwhile."""
         parked = False
         for peer in peers:
-            peer.driven_at = 0.0  # no caller reads it now: the thread must not stand back
-            parked = parked or peer.parked
+            reader = peer.reader
+            reader.driven_at = 0.0  # no caller reads it now: the thread must not stand back
+            parked = parked or reader.parked
         if parked:
             with self.cond:
                 self.cond.notify_all()

@@ -1,7 +1,8 @@
 """The read side of a peer's socket: frames out of one TCP stream, through a small buffer.
 
-Whoever holds the peer's ``gate`` (``_progress``: a waiting caller, or the peer's
-reader thread) calls :meth:`FrameReader.read_frame`, which reads one frame and
+Each :class:`~procgroup_tcp._conn.Peer` owns one :class:`FrameReader`. Whoever holds
+the reader's ``gate`` (``_progress``: a waiting caller, or the peer's reader thread)
+calls :meth:`FrameReader.read_frame`, which reads one frame and
 dispatches it: a data frame's payload lands where the layer above says (a posted
 receive, the unexpected queue; ``PeerEvents.match_incoming``), or straight in a
 caller's own unposted receive (``want``); the other kinds go to the channel as
@@ -25,6 +26,7 @@ import abc
 import os
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,6 +35,7 @@ from procgroup.backend import MAX_CONTROL_BYTES
 from procgroup.errors import CommTimeoutError, PeerError
 
 from . import _wire
+from ._peer_state import PeerState
 from ._progress import FRAME, LANDED, NOTHING, OVER, TICK_S
 from ._wire import check_size
 
@@ -120,32 +123,36 @@ _EMPTY = memoryview(b"")
 
 
 class FrameReader:
-    """Mixin of :class:`~procgroup_tcp._conn.Peer`: its socket's frames, read by whoever
-    holds ``gate``. Frames arrive in order (``seq``); a bad one breaks the stream."""
+    """The frames of one peer's socket, read by whoever holds ``gate``; owned by that
+    :class:`~procgroup_tcp._conn.Peer`, whose life (``Peer.state``) it moves on when the
+    stream ends (goodbye, EOF, a broken stream). Frames arrive in order (``seq``); a bad
+    one breaks the stream."""
 
-    rank: int
-    global_rank: int
-    sock: socket.socket
-    timeout: float
-    events: PeerEvents
-    left: bool
-    parked: bool  # the reader thread stands back (``_progress``)
-    _closing: bool
-
-    def _init_reader(self, sock: socket.socket) -> None:
+    def __init__(self, peer: Peer, sock: socket.socket, events: PeerEvents) -> None:
+        self._peer = peer
+        self.rank = peer.rank
+        self.global_rank = peer.global_rank
+        self.timeout = peer.timeout
+        self.events = events
+        self.sock = sock
+        self.fileno = sock.fileno()
+        # -- who reads (``_progress``): whoever reads holds ``gate`` for whole frames
+        self.gate = threading.Lock()
+        self.driven_at = 0.0  # when a waiting caller last read this peer
+        self.parked = False  # the reader thread stands back (a caller reads this peer)
+        self.spin = 0.0  # seconds a blocking read first watches the socket (``_spin_then_read``)
+        # -- the stream
         self._seq_in = 0
         self._current: Landing | None = None  # where a reader is landing a payload now
         self.last_heard = _now()  # when a reader last saw a frame (the heartbeat's watch)
-        self.over = False  # nothing more will be read: goodbye, EOF or a broken stream
         self._buf = bytearray(BUFFER_BYTES)
         self._bview = memoryview(self._buf)
         self._start = 0  # the buffered, unread bytes are _buf[_start:_end]
         self._end = 0
         self._skip = 0  # bytes of a refused payload still to be read and dropped
-        self.spin = 0.0  # seconds a blocking read first watches the socket (``_spin_then_read``)
         self._skip_since = 0.0
         self._recv_into = sock.recv_into
-        self._match = self.events.match_incoming
+        self._match = events.match_incoming
         self._poller = select.poll()  # a driving caller's (under the gate), for short waits
         self._poller.register(sock, select.POLLIN)
         # a caller's unposted receive (``read_frame``'s ``want``), set under the gate
@@ -153,6 +160,11 @@ class FrameReader:
         self.direct_code = b""
         self.direct_dtype: Any = None
         self.refused: BaseException | None = None
+
+    @property
+    def over(self) -> bool:
+        """Nothing more will be read: goodbye, EOF or a broken stream (``Peer.state``)."""
+        return self._peer.state.over
 
     @property
     def receiving(self) -> bool:
@@ -181,7 +193,8 @@ class FrameReader:
 
     def drain_buffered(self) -> None:
         """Dispatch the whole frames already in the buffer."""
-        while self._end - self._start >= _HEADER_SIZE and not self.over:
+        peer = self._peer
+        while self._end - self._start >= _HEADER_SIZE and not peer.state.over:
             self.read_frame(False)
 
     def let_go(self) -> None:
@@ -253,8 +266,8 @@ class FrameReader:
                         if got < 0:
                             return NOTHING
                     if got == 0:
-                        if self._closing:
-                            self.over = True
+                        if self._peer.state.closing:
+                            self._peer.become(PeerState.CLOSED)
                             return OVER
                         raise self._closed_error()
                     start, end = 0, got
@@ -296,21 +309,20 @@ class FrameReader:
             elif kind == _wire.KIND_HEARTBEAT and nbytes == 0:
                 pass
             elif kind == _wire.KIND_GOODBYE:
-                self.left = True
-                self.over = True
-                self.events.peer_left(self)  # type: ignore[arg-type]
+                self._peer.become(PeerState.LEFT)
+                self.events.peer_left(self._peer)
                 return OVER
             elif kind == _wire.KIND_MISMATCH and nbytes == _wire.NOTICE_SIZE:
-                self.events.mismatch_notice(self, tag, self._read_body(nbytes))  # type: ignore[arg-type]
+                self.events.mismatch_notice(self._peer, tag, self._read_body(nbytes))
             elif kind == _wire.KIND_PEER_LOST and _wire.LOST.size <= nbytes <= _wire.MAX_LOST_BYTES:
                 body = self._read_body(nbytes)
                 (lost,) = _wire.LOST.unpack_from(body)
                 reason = body[_wire.LOST.size:].decode("utf-8", "replace")
-                self.events.peer_lost_notice(self, lost, reason)  # type: ignore[arg-type]
+                self.events.peer_lost_notice(self._peer, lost, reason)
             elif kind == _wire.KIND_PROBE and nbytes == 0:
-                self.events.fingerprint_probe(self, tag, fp)  # type: ignore[arg-type]
+                self.events.fingerprint_probe(self._peer, tag, fp)
             elif kind == _wire.KIND_CONTROL and nbytes <= MAX_CONTROL_BYTES:
-                self.events.control_message(self, self._read_body(nbytes))  # type: ignore[arg-type]
+                self.events.control_message(self._peer, self._read_body(nbytes))
             else:
                 raise self._protocol(f"sent a frame of unknown kind {kind} ({nbytes} bytes)")
             return FRAME
@@ -430,20 +442,23 @@ class FrameReader:
                             rank=self.global_rank)
 
     def _eof_mid_frame(self) -> PeerError:
-        if self._closing:
+        if self._peer.state.closing:
             return PeerError(f"the connection to rank {self.global_rank} was closed mid-message",
                              rank=self.global_rank)
         return self._closed_error()
 
     def _read_failed(self, exc: Exception) -> None:
-        self.over = True
-        if self._closing:
+        """The stream ended in error: the peer is broken (told to the channel), unless this
+        rank is closing it (then the payload being landed fails, nothing more)."""
+        peer = self._peer
+        if peer.state.closing or not peer.become(PeerState.BROKEN):
+            peer.become(PeerState.CLOSED)
             self.fail_current(PeerError(f"the connection to rank {self.global_rank} was closed",
                                         rank=self.global_rank))
             return
         reason = exc if isinstance(exc, PeerError) else PeerError(
             f"lost the connection to rank {self.global_rank}: {exc}", rank=self.global_rank)
-        self.events.peer_failed(self, reason)  # type: ignore[arg-type]
+        self.events.peer_failed(peer, reason)
 
     def _closed_error(self) -> PeerError:
         return PeerError(f"rank {self.global_rank} closed its connection without a goodbye "

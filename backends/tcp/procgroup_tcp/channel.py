@@ -113,7 +113,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         # every peer has published its address, so every rank of this host has counted itself
         spin = spin_seconds(ctx.store.add(on_host, 0))
         for peer in self._peer_list:
-            peer.spin = spin
+            peer.reader.spin = spin
         sockets_only = SocketProgress(self._engine, self._peers, self._matcher)
         #: a blocking receive reads its peer's frames itself (no shared-memory p2p, whose
         #: waits sleep on the doorbell; and a timeout the kernel's read tick cannot overshoot)
@@ -284,10 +284,10 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         tell the other peers which rank it was (they may see this rank go next, and must
         not blame it; a later death is told too, so every survivor learns of each)."""
         if self._closed:
-            peer.fail_current(exc)
+            peer.reader.fail_current(exc)
             return
         first = self.peer_died(peer.rank, exc)  # recorded before the callers wake (failed_ranks)
-        peer.fail_current(exc)
+        peer.reader.fail_current(exc)
         if not first:
             return
         body = LOST.pack(peer.global_rank) + str(exc).encode()[:MAX_LOST_BYTES - LOST.size]
@@ -315,7 +315,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         dead = self.failed_ranks()
         if not dead:
             return
-        live = [p for p in self._peers.values() if p.rank not in dead and not p.left and not p.over]
+        live = [p for p in self._peers.values() if p.rank not in dead and not p.over]
         for rank in dead:
             gr = self.ctx.global_rank(rank)
             body = LOST.pack(gr) + f"rank {gr} died".encode()
@@ -334,14 +334,14 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     def _break(self, peer: Peer | None, exc: BaseException) -> bool:
         if not self.fail(exc):  # closed or broken already
             if peer is not None:
-                peer.fail_current(exc)
+                peer.reader.fail_current(exc)
             return False
         self._matcher.fail_all(exc)
         if self._p2p is not None:
             self._p2p.fail_all(exc)
         for other in self._peers.values():
             other.fail_pending_sends(exc)
-            other.fail_current(exc)
+            other.reader.fail_current(exc)
         if self._shm is not None:  # later ops take the socket path, whose first check raises
             self._broken_shm, self._shm = self._shm, None
         return True
@@ -378,7 +378,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
     # over their socket; a receive is posted in the one matcher either way.
     def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
         peer = self._peers.get(dst)
-        if peer is None or peer.left or self._failure is not None or self._closed:
+        if peer is None or peer.state.left or self._failure is not None or self._closed:
             peer = self._peer(dst)  # raises the error that fits
         try:
             view = memoryview(array).cast("B")  # byte_view, inline: on every message's path
@@ -412,7 +412,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         posted or queued before it could claim lands straight in ``array`` (no matching);
         otherwise it is posted and this thread reads until it lands."""
         peer = self._peers.get(src) if self._direct and src is not None else None  # type: ignore[arg-type]
-        if peer is None or peer.left or self._failure is not None or self._closed:
+        if peer is None or peer.state.left or self._failure is not None or self._closed:
             work = self.start_recv(array, src, tag)
             work.wait()
             return int(work.result())
@@ -421,17 +421,18 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         except (TypeError, ValueError):
             view = byte_view(array)
         if view.nbytes <= DIRECT_RECV_BYTES and tag not in self._fps:
-            gate = peer.gate
+            reader = peer.reader
+            gate = reader.gate
             if gate.acquire(False):
                 try:
                     m = self._matcher
                     if (not m.posted and not m.unexpected) or m.unclaimed(src, tag):  # type: ignore[arg-type]
                         dtype = array.dtype
                         code = DTYPE_CODES.get(dtype) or dtype_code(dtype)
-                        peer.receive_direct(view, code, dtype, tag, self._may_post)
+                        reader.receive_direct(view, code, dtype, tag, self._may_post)
                         return src  # type: ignore[return-value]
                 finally:
-                    peer.driven_at = _now()
+                    reader.driven_at = _now()
                     gate.release()
         req = self._matcher.post(view, src, tag, array.dtype, self._fps.get(tag), self._mismatched)
         if req.__class__ is not PostedRecv:  # served from the unexpected queue
@@ -535,7 +536,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         exc = ChannelClosedError("the tcp channel was closed while this call was pending")
         self._matcher.fail_all(exc)
         for peer in self._peers.values():
-            peer.fail_current(exc)
+            peer.reader.fail_current(exc)
         for arena in (self._shm, self._broken_shm):
             if arena is not None:
                 arena.close()
