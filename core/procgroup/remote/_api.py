@@ -29,7 +29,7 @@ from ._array import (
     pickled_function,
 )
 from ._master import INLINE_SEND, SMALL_BYTES, Master, NodeLink, master
-from ._protocol import Ref
+from ._protocol import Command, Ref
 
 
 # --------------------------------------------------------------------- joining
@@ -81,18 +81,18 @@ def _end_worker(code: int) -> None:
     """
     try:
         _lifecycle.destroy_process_group()
-    except BaseException:  # noqa: BLE001, S110
+    except BaseException:  # noqa: BLE001 - the worker exits next, whatever the teardown raised
         pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:  # noqa: BLE001, S110
+        except Exception:  # noqa: BLE001 - a closed stream must not stop the exit
             pass
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None:
         try:
             running = mpi.Is_initialized() and not mpi.Is_finalized()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - an MPI that cannot say is not finalized here
             running = False
         if running:
             raise SystemExit(code)
@@ -140,7 +140,7 @@ def _construct(fname: str, shape: tuple[int, ...], dtype: np.dtype, fargs: tuple
     m, link, device = _target(node_, device)
     _meta.check_alloc(shape, dtype)
     out = RemoteArray(m, link.node, device, shape, dtype)
-    _issue(m, link, "new", (out,), (), out.nbytes <= SMALL_BYTES, (fname, fargs, fkwargs, device))
+    _issue(m, link, Command.NEW.value, (out,), (), out.nbytes <= SMALL_BYTES, (fname, fargs, fkwargs, device))
     return out
 
 
@@ -228,17 +228,17 @@ def send(array: Any, *, node: int | None = None, device: int = -1) -> RemoteArra
     sid = m.stream_id(link.node)
     outs = ((out._id, out.shape, out.dtype.str),)
     if src.nbytes <= INLINE_SEND:
-        link.issue(("put", sid, outs, (), True, (src.shape, src.dtype.str, device, src.tobytes(), 0, False)))
+        link.issue((Command.PUT.value, sid, outs, (), True, (src.shape, src.dtype.str, device, src.tobytes(), 0, False)))
         return out
     tag = P.transfer_tag(next(m.transfers))
     # a large array waits for the node's READY (its receive posted into the result, on its
     # dispatching thread): the data then lands in place, not in an unexpected-message buffer
     posted = src.nbytes >= P.RENDEZVOUS_BYTES
     with link.lock:
-        link.pending.append(("put", sid, outs, (), False, (src.shape, src.dtype.str, device, None, tag, posted)))
+        link.pending.append((Command.PUT.value, sid, outs, (), False, (src.shape, src.dtype.str, device, None, tag, posted)))
         link._flush_locked()
         if not posted:
-            P.send_payload(m.channel, link.buf, link.rank, tag, P.K_OK, P.byte_view(src))
+            P.send_payload(m.channel, link.buf, link.rank, tag, P.FrameKind.VALUE, P.byte_view(src))
             return out
     ready = np.empty(1, np.uint8)
     try:
@@ -275,7 +275,7 @@ def run(fn: Any, *args: Any, node: int | None = None, **kwargs: Any) -> RemoteAr
     m, link, fn_bytes, fargs, fkwargs = _prepare_run("remote.run", fn, args, kwargs, node)
     id_ = next(m.ids)
     sid = m.stream_id(link.node)
-    meta = link.request(lambda tag: ("run", sid, ((id_, None, None),), (), False, (fn_bytes, fargs, fkwargs, tag)),
+    meta = link.request(lambda tag: (Command.RUN.value, sid, ((id_, None, None),), (), False, (fn_bytes, fargs, fkwargs, tag)),
                         "remote.run")
     if meta[0] == "array":
         return RemoteArray(m, link.node, int(meta[3]), tuple(meta[1]), np.dtype(meta[2]), id_=id_)
@@ -288,7 +288,7 @@ def run_async(fn: Any, *args: Any, node: int | None = None, **kwargs: Any) -> Re
     stream, in order with the other operations of that stream."""
     m, link, fn_bytes, fargs, fkwargs = _prepare_run("remote.run_async", fn, args, kwargs, node)
     id_ = next(m.ids)
-    link.issue(("run", m.stream_id(link.node), ((id_, None, None),), (), False, (fn_bytes, fargs, fkwargs, None)))
+    link.issue((Command.RUN.value, m.stream_id(link.node), ((id_, None, None),), (), False, (fn_bytes, fargs, fkwargs, None)))
     return RemoteValue(m, link.node, id_)
 
 
@@ -305,7 +305,7 @@ async def synchronize_async(node: int | None = None) -> None:
 
 
 def _synchronize(link: NodeLink) -> None:
-    link.request(lambda tag: ("sync", tag), "synchronize")
+    link.request(lambda tag: (Command.SYNCHRONIZE.value, tag), "synchronize")
 
 
 def memory_info(node: int | None = None) -> dict[str, int]:
@@ -313,7 +313,7 @@ def memory_info(node: int | None = None) -> dict[str, int]:
     master and their bytes (distinct buffers), and the bytes of freed blocks its cache
     keeps for reuse (after its streams ran what was issued)."""
     link = master().link(node)
-    return dict(link.request(lambda tag: ("mem", tag), "memory_info"))
+    return dict(link.request(lambda tag: (Command.MEMORY_INFO.value, tag), "memory_info"))
 
 
 def empty_cache(node: int | None = None) -> None:
@@ -321,7 +321,7 @@ def empty_cache(node: int | None = None) -> None:
     (arrays in use stay); after its streams ran what was issued, so arrays dropped before
     the call are released too (if nothing there still uses them)."""
     link = master().link(node)
-    link.request(lambda tag: ("empty_cache", tag), "empty_cache")
+    link.request(lambda tag: (Command.EMPTY_CACHE.value, tag), "empty_cache")
 
 
 # --------------------------------------------------------------------- across nodes
@@ -350,7 +350,7 @@ def _collective(what: str, arrays: Sequence[Any], arg: Any) -> None:
     m.ensure_group(ranks)
     for a in arrays:
         link = m.link(a.node)
-        _issue(m, link, "coll", (), (Ref(a._id),), False, (what, ranks, Ref(a._id), arg, a.shape, a.dtype.str))
+        _issue(m, link, Command.COLLECTIVE.value, (), (Ref(a._id),), False, (what, ranks, Ref(a._id), arg, a.shape, a.dtype.str))
     for a in arrays:
         m.link(a.node).flush()
 
@@ -395,7 +395,7 @@ class Stream:
         s._master, s.node, s.id = m, node_, sid
         return s
 
-    def __enter__(self) -> Stream:  # noqa: PYI034
+    def __enter__(self) -> Stream:
         loc = self._master.local
         loc.streams.setdefault(self.node, []).append(self.id)
         if not hasattr(self, "_saved"):
@@ -412,7 +412,8 @@ class Stream:
     def synchronize(self) -> None:
         """Wait until this stream ran everything issued to it; raise its failures."""
         sid = self.id
-        self._master.link(self.node).request(lambda tag: ("ssync", sid, (), (), True, (tag,)), "Stream.synchronize")
+        self._master.link(self.node).request(lambda tag: (Command.STREAM_SYNCHRONIZE.value, sid, (), (), True, (tag,)),
+                                                           "Stream.synchronize")
 
     async def synchronize_async(self) -> None:
         """:meth:`synchronize` for asyncio: waits without blocking the event loop."""
@@ -420,7 +421,7 @@ class Stream:
 
     def query(self) -> bool:
         sid = self.id
-        return bool(self._master.link(self.node).request(lambda tag: ("squery", sid, tag), "Stream.query"))
+        return bool(self._master.link(self.node).request(lambda tag: (Command.STREAM_QUERY.value, sid, tag), "Stream.query"))
 
     def wait_event(self, event: Event) -> None:
         event.wait(self)
@@ -470,7 +471,7 @@ class Event:
             raise InvalidArgumentError(f"Event.record: this event belongs to node {self.node}; a stream of node "
                                        f"{s.node} cannot record it (use another Event)")
         self.node = s.node
-        m.link(s.node).issue(("record", s.id, (), (), True, (self._id,)))
+        m.link(s.node).issue((Command.RECORD_EVENT.value, s.id, (), (), True, (self._id,)))
 
     def wait(self, stream: Stream | None = None) -> None:
         if self.node is None:
@@ -479,20 +480,21 @@ class Event:
         if s.node != self.node:
             raise InvalidArgumentError(f"Event.wait: the event was recorded on node {self.node}; a stream of node "
                                        f"{s.node} cannot wait for it (synchronize() on the master, or move data)")
-        self._master.link(s.node).issue(("wait_event", s.id, (), (), False, (self._id,)))
+        self._master.link(s.node).issue((Command.WAIT_EVENT.value, s.id, (), (), False, (self._id,)))
 
     def query(self) -> bool:
         if self.node is None:
             return True
         eid = self._id
-        return bool(self._master.link(self.node).request(lambda tag: ("equery", eid, tag), "Event.query"))
+        return bool(self._master.link(self.node).request(lambda tag: (Command.EVENT_QUERY.value, eid, tag), "Event.query"))
 
     def synchronize(self) -> None:
         """Wait until the work recorded before this event ran (at once if never recorded)."""
         if self.node is None:
             return
         eid = self._id
-        self._master.link(self.node).request(lambda tag: ("esync", (eid,), tag), "Event.synchronize")
+        self._master.link(self.node).request(lambda tag: (Command.EVENT_SYNCHRONIZE.value, (eid,), tag),
+                                                   "Event.synchronize")
 
     async def synchronize_async(self) -> None:
         """:meth:`synchronize` for asyncio: waits without blocking the event loop."""
@@ -504,14 +506,15 @@ class Event:
         if end_event.node != self.node:
             raise InvalidArgumentError(f"Event.elapsed_time: the events are on nodes {self.node} and {end_event.node}")
         ids = (self._id, end_event._id)
-        return float(self._master.link(self.node).request(lambda tag: ("esync", ids, tag), "Event.elapsed_time"))
+        return float(self._master.link(self.node).request(lambda tag: (Command.EVENT_SYNCHRONIZE.value, ids, tag),
+                                                               "Event.elapsed_time"))
 
     def __del__(self) -> None:
         m = getattr(self, "_master", None)
         if m is not None and not m.closed and self.node is not None:
             try:
                 m.links[self.node].frees.append(self._id)
-            except Exception:  # noqa: BLE001, S110
+            except Exception:  # noqa: BLE001 - never raise from a finalizer
                 pass
 
     def __repr__(self) -> str:

@@ -29,7 +29,7 @@ from . import _meta
 from . import _protocol as P
 from ._master import INLINE_SEND, SMALL_BYTES, Master, NodeLink, master
 from ._meta import AbstractArray
-from ._protocol import Ref
+from ._protocol import Command, Ref
 
 _SCALARS = (bool, int, float, complex, str, type(None), np.generic, np.dtype, slice, type(Ellipsis), ReduceOp)
 
@@ -54,7 +54,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         if m is not None and not m.closed:
             try:
                 m.links[self._node].frees.append(self._id)  # lock-free: GC may run anywhere
-            except Exception:  # noqa: BLE001, S110
+            except Exception:  # noqa: BLE001 - never raise from a finalizer
                 pass
 
     # ------------------------------------------------------------ metadata (no round trip)
@@ -95,7 +95,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         where = "cpu" if self._device < 0 else f"cuda:{self._device}"
         return f"RemoteArray(shape={self.shape}, dtype={self.dtype}, node={self._node}, device={self._device} ({where}))"
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # mutable, so unhashable, as ndarray is
 
     # ------------------------------------------------------------ sync points
     def get(self) -> np.ndarray:
@@ -111,7 +111,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         m = self._master
         link = m.link(self._node)
         small = self.nbytes <= SMALL_BYTES
-        return link.get_array(lambda tag, posted: ("get", sid, (), (), small, (Ref(self._id), tag, posted)),
+        return link.get_array(lambda tag, posted: (Command.GET_ARRAY.value, sid, (), (), small, (Ref(self._id), tag, posted)),
                               self.shape, self.dtype, "get")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -186,7 +186,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         if out is not None:
             wk["out"] = _conv(out[0], link.node, device) if len(out) == 1 else _conv(out, link.node, device)
         nbytes = _bytes(operands) + sum(r.nbytes for r in results)
-        _issue(m, link, "ufunc", new, tuple(Ref(o._id) for o in (out or ()) if o is not None),
+        _issue(m, link, Command.UFUNC.value, new, tuple(Ref(o._id) for o in (out or ()) if o is not None),
                nbytes <= SMALL_BYTES,
                (ufunc.__name__, method, _conv(list(inputs), link.node, device), _conv(wk, link.node, device), device))
         return results[0] if len(results) == 1 else results
@@ -205,7 +205,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         shape, dtype = _meta.getitem(self, key)
         m, link, device = _placement([self] + _key_remotes(key), "getitem")
         out = RemoteArray(m, link.node, device, shape, dtype)
-        _issue(m, link, "getitem", (out,), (), out.nbytes <= SMALL_BYTES,
+        _issue(m, link, Command.GET_ITEM.value, (out,), (), out.nbytes <= SMALL_BYTES,
                (Ref(self._id), _conv(key, link.node, device), device))
         return out
 
@@ -214,7 +214,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
             value = np.asarray(value)
         _meta.setitem(self, key, value)
         m, link, device = _placement([self, value] + _key_remotes(key), "setitem")
-        _issue(m, link, "setitem", (), (Ref(self._id),), self.nbytes <= SMALL_BYTES,
+        _issue(m, link, Command.SET_ITEM.value, (), (Ref(self._id),), self.nbytes <= SMALL_BYTES,
                (Ref(self._id), _conv(key, link.node, device), _conv(value, link.node, device), device))
 
     # ------------------------------------------------------------ methods
@@ -230,7 +230,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
     def fill(self, value: Any) -> None:
         _meta.setitem(self, Ellipsis, value)
         m, link, device = _placement([self], "fill")
-        _issue(m, link, "method", (), (Ref(self._id),), self.nbytes <= SMALL_BYTES,
+        _issue(m, link, Command.METHOD.value, (), (Ref(self._id),), self.nbytes <= SMALL_BYTES,
                ("fill", Ref(self._id), (_conv(value, link.node, device),), {}, device))
 
     def reshape(self, *shape: Any, order: str = "C") -> RemoteArray:
@@ -313,7 +313,7 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         src = m.link(self._node)
         out = RemoteArray(m, dst.node, device, self.shape, self.dtype)
         if dst.node == self._node:
-            _issue(m, src, "to_device", (out,), (), False, (Ref(self._id), device))
+            _issue(m, src, Command.TO_DEVICE.value, (out,), (), False, (Ref(self._id), device))
             src.flush()
             return out
         tag = P.transfer_tag(next(m.transfers))
@@ -321,9 +321,9 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         # compete for the GIL on the copy's critical path); the receiver's first, so that its
         # READY (posted) or its wait for the sender's frame is under way when the sender starts
         posted = P.posts(m.channel, self.nbytes)
-        dst.issue_now(("recv_from", m.stream_id(dst.node), ((out._id, out.shape, out.dtype.str),), (), False,
+        dst.issue_now((Command.RECV_FROM.value, m.stream_id(dst.node), ((out._id, out.shape, out.dtype.str),), (), False,
                        (self.shape, self.dtype.str, device, src.rank, tag, posted)))
-        src.issue_now(("send_to", m.stream_id(src.node), (), (), False, (Ref(self._id), dst.rank, tag, posted)))
+        src.issue_now((Command.SEND_TO.value, m.stream_id(src.node), (), (), False, (Ref(self._id), dst.rank, tag, posted)))
         return out
 
     def cuda(self, device: int = 0) -> RemoteArray:
@@ -355,14 +355,14 @@ class RemoteValue:
 
     def _fetch(self, sid: int) -> Any:
         link = self._master.link(self._node)
-        return link.request(lambda tag: ("getv", sid, (), (), True, (Ref(self._id), tag)), "RemoteValue.get")
+        return link.request(lambda tag: (Command.GET_VALUE.value, sid, (), (), True, (Ref(self._id), tag)), "RemoteValue.get")
 
     def __del__(self) -> None:
         m = getattr(self, "_master", None)
         if m is not None and not m.closed:
             try:
                 m.links[self._node].frees.append(self._id)
-            except Exception:  # noqa: BLE001, S110
+            except Exception:  # noqa: BLE001 - never raise from a finalizer
                 pass
 
     def __repr__(self) -> str:
@@ -453,7 +453,7 @@ def _method(x: RemoteArray, name: str, margs: tuple[Any, ...], mkwargs: dict[str
             shape: tuple[int, ...], dtype: np.dtype) -> RemoteArray:
     m, link, device = _placement([x], name)
     out = RemoteArray(m, link.node, device, shape, dtype)
-    _issue(m, link, "method", (out,), (), x.nbytes + out.nbytes <= SMALL_BYTES,
+    _issue(m, link, Command.METHOD.value, (out,), (), x.nbytes + out.nbytes <= SMALL_BYTES,
            (name, Ref(x._id), _conv(margs, link.node, device), _conv(mkwargs, link.node, device), device))
     return out
 
@@ -464,7 +464,7 @@ def _func(name: str, operands: Sequence[Any], fargs: tuple[Any, ...], fkwargs: d
     if device is not None:
         dev = device
     out = RemoteArray(m, link.node, dev, shape, dtype)
-    _issue(m, link, "func", (out,), (), _bytes(operands) + out.nbytes <= SMALL_BYTES,
+    _issue(m, link, Command.FUNCTION.value, (out,), (), _bytes(operands) + out.nbytes <= SMALL_BYTES,
            (name, _conv(fargs, link.node, dev), _conv(fkwargs, link.node, dev), dev))
     return out
 

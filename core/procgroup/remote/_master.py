@@ -30,7 +30,7 @@ from ..errors import (
     RemoteError,
 )
 from . import _protocol as P
-from ._protocol import ErrorInfo
+from ._protocol import Command, ErrorInfo
 from ._worker import post_array, recv_array, recv_posted
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class NodeLink:
                     ids.append(frees.popleft())
             except IndexError:
                 pass
-            self.pending.append(("free", tuple(ids)))
+            self.pending.append((Command.FREE.value, tuple(ids)))
 
     def _flush_locked(self) -> None:
         if self.failure is not None:
@@ -111,7 +111,7 @@ class NodeLink:
             return
         batch, self.pending = self.pending, []
         try:
-            P.send_payload(self.master.channel, self.buf, self.rank, P.CMD_TAG, P.K_CMDS, P.dumps(batch))
+            P.send_payload(self.master.channel, self.buf, self.rank, P.CMD_TAG, P.FrameKind.COMMANDS, P.dumps(batch))
         except ProcGroupError as exc:
             self.failure = exc
             raise
@@ -137,7 +137,7 @@ class NodeLink:
             raise CommTimeoutError(f"{what}: node {self.node} (rank {self.rank}) did not answer: {exc}",
                                    op=what, ranks=[self.rank]) from None
         value = pickle.loads(payload)
-        if kind == P.K_ERR:
+        if kind == P.FrameKind.ERRORS:
             raise remote_error([ErrorInfo(*t) for t in value])
         return value
 
@@ -246,7 +246,7 @@ class Master:
         if ranks in self.groups:
             return
         for link in self.links:
-            link.issue(("group", ranks))
+            link.issue((Command.NEW_GROUP.value, ranks))
             link.flush()
         _lifecycle.new_group(list(ranks))
         self.groups.add(ranks)
@@ -262,7 +262,7 @@ class Master:
         for link in self.links:
             try:
                 tag = P.reply_tag(next(self.tags))
-                link.issue(("bye", tag))
+                link.issue((Command.GOODBYE.value, tag))
                 link.flush()
                 tags.append((link, tag))
             except Exception as exc:  # noqa: BLE001 - a dead node cannot be told
@@ -272,12 +272,12 @@ class Master:
             try:
                 link.wait_value(tag, "destroy_process_group", timeout=min(self.timeout, 30.0))
                 confirmed += 1
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - logged; the other nodes are still waited for
                 log.warning("procgroup master-worker: node %d did not confirm its end: %s", link.node, exc)
         if confirmed == len(self.links):
             try:
                 _ops.barrier()  # the workers' last call too: everyone closes together
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - logged; the master's teardown goes on
                 log.warning("procgroup master-worker: the final barrier failed: %s", exc)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 try:
     from numpy.lib.array_utils import normalize_axis_tuple
 except ImportError:  # NumPy < 2
-    from numpy.core.numeric import normalize_axis_tuple  # type: ignore[no-redef]
+    from numpy.core.numeric import normalize_axis_tuple  # type: ignore[no-redef]  # NumPy 1's path of it
 
 _as_strided = np.lib.stride_tricks.as_strided
 _MAX_BYTES = np.iinfo(np.intp).max
@@ -42,6 +42,10 @@ class AbstractArray:
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
 
 
 def is_abstract(x: Any) -> bool:
@@ -247,7 +251,7 @@ def reduction(func: Callable[..., Any], x: AbstractArray, kwargs: dict[str, Any]
     name = func.__name__
     axis = kwargs.get("axis")
     if name in ("cumsum", "cumprod", "nancumsum", "nancumprod"):
-        shape = (x.size,) if axis is None else x.shape  # type: ignore[attr-defined]
+        shape = (x.size,) if axis is None else x.shape
     else:
         shape = reduce_shape(x.shape, axis, bool(kwargs.get("keepdims", False)))
     _check_out(kwargs, shape)

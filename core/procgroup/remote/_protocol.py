@@ -12,8 +12,8 @@ does not. Worker -> worker copies (``RemoteArray.to``) and master -> worker copi
 A large array bound for a receiver that knows its shape (a ``get``, a ``.to``) travels
 *posted* where the backend can withdraw a posted receive (``DataChannel.cancels_recv``):
 the receiver allocates the result and posts its receive on :func:`data_tag` before the
-sender may send, then reads the sender's frame: K_OK (the data follows straight into the
-result) or K_ERR (the receive is withdrawn). Elsewhere the sender's frame goes first and a
+sender may send, then reads the sender's frame: VALUE (the data follows straight into the
+result) or ERRORS (the receive is withdrawn). Elsewhere the sender's frame goes first and a
 large remainder waits for the receiver's READY byte (:func:`send_array`). A large
 ``remote.send`` needs no cancel (the master's data cannot fail): the master waits for the
 node's READY, sent once its receive is posted on :func:`data_tag`, then sends the data.
@@ -24,6 +24,7 @@ member of the job (docs/security.md).
 
 from __future__ import annotations
 
+import enum
 import pickle
 import struct
 from dataclasses import dataclass, field
@@ -46,12 +47,55 @@ FRAME = 4096
 HEADER = struct.Struct("<B7xQ")  # kind, total payload length
 INLINE = FRAME - HEADER.size
 
-# frame kinds
-K_CMDS = 1  # a pickled list of commands
-K_OK = 2  # reply: payload is the data / pickled value, inline
-K_OK_MORE = 3  # reply: the payload follows as one more message of the announced length
-K_ERR = 4  # reply: payload is a pickled ErrorInfo (list), inline or followed (len > INLINE)
-K_OK_READY = 5  # data: the rest follows once the receiver sent one READY byte back
+
+class FrameKind(enum.IntEnum):
+    """The first byte of every frame's header: what the frame carries."""
+
+    COMMANDS = 1  # master -> worker: a pickled batch (list) of commands
+    VALUE = 2  # a reply: the data or the pickled value, inline (and its remainder, if any)
+    ERRORS = 4  # a reply: a pickled list of ErrorInfo tuples, in place of the value
+    VALUE_AFTER_READY = 5  # array data: the remainder follows once the receiver sent READY
+
+
+class Command(str, enum.Enum):
+    """Every command the master sends a worker: the first item of a command tuple.
+
+    What travels is the member's *value*, a plain str (``Command.GET_VALUE.value``): a
+    member itself pickles as a reference to this class, which makes every command larger
+    and its unpickling slower. The worker's tables are keyed by the members, which hash
+    and compare as their values.
+    """
+
+    # run on the command's stream, in the order the master issued them
+    NEW = "new"  # allocate an array (empty, zeros, ones, full, arange)
+    PUT = "put"  # remote.send: the master's array becomes a worker array
+    UFUNC = "ufunc"  # a NumPy ufunc call, reduce or accumulate
+    FUNCTION = "function"  # a NumPy function (concatenate, where, dot, ...)
+    METHOD = "method"  # an array method (sum, astype, fill, ...)
+    GET_ITEM = "get_item"  # x[key]
+    SET_ITEM = "set_item"  # x[key] = value
+    GET_ARRAY = "get_array"  # RemoteArray.get: the data back to the master
+    GET_VALUE = "get_value"  # RemoteValue.get: a run() result back to the master
+    SEND_TO = "send_to"  # RemoteArray.to: the sending worker's half
+    RECV_FROM = "recv_from"  # RemoteArray.to: the receiving worker's half
+    TO_DEVICE = "to_device"  # between host and GPU on one worker
+    RUN = "run"  # remote.run: a pickled function
+    COLLECTIVE = "collective"  # remote.all_reduce / broadcast over the workers
+    RECORD_EVENT = "record_event"  # Event.record
+    WAIT_EVENT = "wait_event"  # Stream.wait_event
+    STREAM_SYNCHRONIZE = "stream_synchronize"  # Stream.synchronize: reply once the stream got here
+    STREAM_MARK = "stream_mark"  # worker-internal, never sent: call back when the stream gets here
+    # run by the worker's main thread as they arrive
+    FREE = "free"  # arrays the master no longer references
+    NEW_GROUP = "new_group"  # a process group of some workers (for COLLECTIVE)
+    SYNCHRONIZE = "synchronize"  # remote.synchronize: reply once every stream is drained
+    MEMORY_INFO = "memory_info"
+    EMPTY_CACHE = "empty_cache"
+    STREAM_QUERY = "stream_query"  # Stream.query: is the stream idle?
+    EVENT_QUERY = "event_query"  # Event.query: was the event reached?
+    EVENT_SYNCHRONIZE = "event_synchronize"  # Event.synchronize and Event.elapsed_time
+    GOODBYE = "goodbye"  # the master's program ends
+
 
 #: Array data of at least this many bytes past the frame waits for the receiver's READY
 #: (send_array with rendezvous=True): its receive is then posted into the result array
@@ -104,13 +148,13 @@ def send_payload(channel: Any, buf: np.ndarray, dst: int, tag: int, kind: int, p
 
 
 def send_array(channel: Any, buf: np.ndarray, dst: int, tag: int, data: np.ndarray, *, rendezvous: bool) -> None:
-    """Send array bytes (a flat uint8 view) as a K_OK frame and its remainder; with
+    """Send array bytes (a flat uint8 view) as a VALUE frame and its remainder; with
     ``rendezvous`` a large remainder waits until the receiver says its receive is posted
-    (recv_array answers K_OK_READY). Only where the receiver is already waiting for the
+    (recv_array answers VALUE_AFTER_READY). Only where the receiver is already waiting for the
     array (a get, a copy between workers): the master's own sends stay eager."""
     n = data.nbytes
     ready = rendezvous and n - INLINE >= RENDEZVOUS_BYTES
-    HEADER.pack_into(buf, 0, K_OK_READY if ready else K_OK, n)
+    HEADER.pack_into(buf, 0, FrameKind.VALUE_AFTER_READY if ready else FrameKind.VALUE, n)
     head = min(n, INLINE)
     if head:
         buf[HEADER.size:HEADER.size + head] = data[:head]
@@ -125,9 +169,9 @@ def send_array(channel: Any, buf: np.ndarray, dst: int, tag: int, data: np.ndarr
 
 def send_posted(channel: Any, buf: np.ndarray, dst: int, tag: int, data: np.ndarray) -> Any:
     """Start sending array bytes (a flat uint8 view) to a receiver whose receive is posted
-    on ``data_tag(tag)``: a K_OK frame saying they come, then the bytes themselves (the
+    on ``data_tag(tag)``: a VALUE frame saying they come, then the bytes themselves (the
     Work returned; ``data`` must stay untouched until it completes)."""
-    HEADER.pack_into(buf, 0, K_OK, data.nbytes)
+    HEADER.pack_into(buf, 0, FrameKind.VALUE, data.nbytes)
     channel.send(buf, dst, tag)
     return channel.isend(data, dst, data_tag(tag))
 
@@ -177,7 +221,6 @@ class Ref:
 
 
 __all__ = [
-    "CMD_TAG", "FRAME", "HEADER", "HELLO_TAG", "INLINE", "K_CMDS", "K_ERR", "K_OK", "K_OK_MORE", "K_OK_READY",
-    "NOT_READY", "READY", "RENDEZVOUS_BYTES", "TAG_BASE", "ErrorInfo", "Ref", "byte_view", "data_tag", "dumps",
+    "CMD_TAG", "FRAME", "HEADER", "HELLO_TAG", "INLINE", "NOT_READY", "READY", "RENDEZVOUS_BYTES", "TAG_BASE", "Command", "ErrorInfo", "FrameKind", "Ref", "byte_view", "data_tag", "dumps",
     "posts", "recv_payload", "reply_tag", "send_array", "send_payload", "send_posted", "transfer_tag",
 ]

@@ -41,6 +41,7 @@ from ..errors import CommTimeoutError, InvalidArgumentError, ProcGroupError
 from ..ops import ReduceOp
 from . import _protocol as P
 from ._cache import HostCache, cache_limit
+from ._protocol import Command as C
 from ._protocol import ErrorInfo, Ref
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class Slot:
         self.ready = threading.Event()
 
 
-class WEvent:
+class WorkerEvent:
     __slots__ = ("flag", "t")
 
     def __init__(self) -> None:
@@ -106,8 +107,8 @@ class StreamThread:
 
 
 #: kinds the dispatcher may run itself when the master marked the command small
-_INLINE_KINDS = frozenset({"new", "put", "ufunc", "func", "method", "getitem", "setitem", "get", "getv", "record",
-                           "ssync"})
+_INLINE_KINDS = frozenset({C.NEW, C.PUT, C.UFUNC, C.FUNCTION, C.METHOD, C.GET_ITEM, C.SET_ITEM, C.GET_ARRAY, C.GET_VALUE, C.RECORD_EVENT,
+                           C.STREAM_SYNCHRONIZE})
 
 
 def _cupy() -> Any:
@@ -147,7 +148,7 @@ class Worker:
         self.cache = HostCache(cache_bytes)
         self.channel = _lifecycle.group_channel(None, "init_master_worker")
         self.slots: dict[int, Slot] = {}
-        self.events: dict[int, WEvent] = {}
+        self.events: dict[int, WorkerEvent] = {}
         self.streams: dict[int, StreamThread] = {}
         self.groups: dict[tuple[int, ...], Any] = {}
         if workers_group is not None:
@@ -168,7 +169,7 @@ class Worker:
         return b
 
     def reply(self, tag: int, value: Any) -> None:
-        P.send_payload(self.channel, self.buf(), 0, tag, P.K_OK, P.dumps(value))
+        P.send_payload(self.channel, self.buf(), 0, tag, P.FrameKind.VALUE, P.dumps(value))
 
     def reply_error(self, tag: int, errors: list[ErrorInfo]) -> None:
         for e in errors:
@@ -176,8 +177,8 @@ class Worker:
         self.send_errors(0, tag, errors)
 
     def send_errors(self, dst: int, tag: int, errors: list[ErrorInfo]) -> None:
-        """A K_ERR frame in place of the array ``dst`` waits for."""
-        P.send_payload(self.channel, self.buf(), dst, tag, P.K_ERR, P.dumps([e.as_tuple() for e in errors]))
+        """An ERRORS frame in place of the array ``dst`` waits for."""
+        P.send_payload(self.channel, self.buf(), dst, tag, P.FrameKind.ERRORS, P.dumps([e.as_tuple() for e in errors]))
 
     def send_array(self, dst: int, tag: int, value: Any) -> None:
         host = _host(value)
@@ -313,9 +314,9 @@ class Worker:
                 kind, payload = P.recv_payload(channel, buf, 0, P.CMD_TAG)
             except CommTimeoutError:
                 continue  # the master is just quiet
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001 - whatever ends the receive, the master is gone
                 return self.master_gone(exc)
-            if kind != P.K_CMDS:
+            if kind != P.FrameKind.COMMANDS:
                 return self.master_gone(ProcGroupError(f"unexpected frame kind {kind} from the master"))
             for cmd in pickle.loads(payload):  # from rank 0 only: an authenticated member of the job
                 if not self.dispatch(cmd):
@@ -330,11 +331,11 @@ class Worker:
 def recv_array(channel: Any, buf: np.ndarray, src: int, tag: int, shape: tuple[int, ...], dtype: np.dtype,
                alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.empty) -> np.ndarray | list[ErrorInfo]:
     """Receive an array sent with send_payload or send_array (allocated by ``alloc`` once
-    the header said data is coming; for K_OK_READY its receive is posted before READY goes
+    the header said data is coming; for VALUE_AFTER_READY its receive is posted before READY goes
     back), or the sender's errors instead."""
     channel.recv(buf, src, tag)
     kind, n = P.HEADER.unpack_from(buf, 0)
-    if kind == P.K_ERR:
+    if kind == P.FrameKind.ERRORS:
         return _read_errors(channel, buf, src, tag, n)
     try:
         out = alloc(shape, dtype)
@@ -343,7 +344,7 @@ def recv_array(channel: Any, buf: np.ndarray, src: int, tag: int, shape: tuple[i
             raise ProcGroupError(f"master-worker protocol: expected {target.nbytes} bytes from rank {src}, got {n}")
     except BaseException:
         if n > P.INLINE:  # let the sender go on: no READY for it, or its eager rest taken and dropped
-            if kind == P.K_OK_READY:
+            if kind == P.FrameKind.VALUE_AFTER_READY:
                 buf[0] = P.NOT_READY
                 channel.send(buf[:1], src, tag)
             else:
@@ -352,7 +353,7 @@ def recv_array(channel: Any, buf: np.ndarray, src: int, tag: int, shape: tuple[i
     head = min(n, P.INLINE)
     target[:head] = buf[P.HEADER.size:P.HEADER.size + head]
     if n > P.INLINE:
-        if kind == P.K_OK_READY:  # post the receive into the result, then let the data come
+        if kind == P.FrameKind.VALUE_AFTER_READY:  # post the receive into the result, then let the data come
             work = channel.irecv(target[P.INLINE:], src, tag)
             buf[0] = P.READY
             channel.send(buf[:1], src, tag)
@@ -374,11 +375,11 @@ def recv_posted(channel: Any, buf: np.ndarray, src: int, tag: int, out: np.ndarr
     try:
         channel.recv(buf, src, tag)
         kind, n = P.HEADER.unpack_from(buf, 0)
-        if kind == P.K_ERR:
+        if kind == P.FrameKind.ERRORS:
             if not work.cancel():
                 raise ProcGroupError(f"master-worker protocol: rank {src} sent data and errors for one array")
             return _read_errors(channel, buf, src, tag, n)
-        if kind != P.K_OK or n != out.nbytes:
+        if kind != P.FrameKind.VALUE or n != out.nbytes:
             raise ProcGroupError(f"master-worker protocol: expected a frame for {out.nbytes} bytes from rank "
                                  f"{src}, got kind {kind} for {n}")
     except BaseException:
@@ -399,15 +400,15 @@ def _read_errors(channel: Any, buf: np.ndarray, src: int, tag: int, n: int) -> l
 
 def _op_name(job: Job) -> str:
     a = job.args
-    if job.kind == "ufunc":
+    if job.kind == C.UFUNC:
         return a[0] if a[1] == "__call__" else f"{a[0]}.{a[1]}"
-    if job.kind in ("func", "method"):
+    if job.kind in (C.FUNCTION, C.METHOD):
         return a[0]
-    if job.kind == "new":
+    if job.kind == C.NEW:
         return a[0]
-    if job.kind == "run":
+    if job.kind == C.RUN:
         return f"remote.run({job.extra})"
-    if job.kind == "coll":
+    if job.kind == C.COLLECTIVE:
         return f"remote.{a[0]}"
     return job.kind
 
@@ -417,7 +418,7 @@ def _op_name(job: Job) -> str:
 _CACHED_NEW = frozenset({"empty", "zeros", "ones", "full"})
 
 
-def _h_new(w: Worker, j: Job) -> None:
+def _handle_new(w: Worker, j: Job) -> None:
     name, fargs, fkwargs, device = j.args
     if device < 0 and name in _CACHED_NEW:
         shape, dtype = j.meta[0]  # the master's own prediction: the shape and dtype asked for
@@ -433,11 +434,11 @@ def _h_new(w: Worker, j: Job) -> None:
         w.store(j, getattr(xp, name)(*fargs, **fkwargs), device)
 
 
-def _h_put(w: Worker, j: Job) -> None:
+def _handle_put(w: Worker, j: Job) -> None:
     shape, dtype, device, data, tag, posted = j.args
     if data is not None:
         arr = np.frombuffer(data, dtype).reshape(shape).copy()
-    elif posted:  # _prep_put posted the receive and answered READY
+    elif posted:  # _prepare_put posted the receive and answered READY
         if isinstance(j.extra, BaseException):
             raise j.extra
         arr, work = j.extra
@@ -455,7 +456,7 @@ def _h_put(w: Worker, j: Job) -> None:
     j.outs[0].value = arr
 
 
-def _h_ufunc(w: Worker, j: Job) -> None:
+def _handle_ufunc(w: Worker, j: Job) -> None:
     name, method, inputs, kwargs, device = j.args
     xp, ctx = _xp(device)
     with ctx:
@@ -468,7 +469,7 @@ def _h_ufunc(w: Worker, j: Job) -> None:
         w.store(j, res, device)
 
 
-def _h_func(w: Worker, j: Job) -> None:
+def _handle_function(w: Worker, j: Job) -> None:
     name, fargs, fkwargs, device = j.args
     xp, ctx = _xp(device)
     with ctx:
@@ -477,7 +478,7 @@ def _h_func(w: Worker, j: Job) -> None:
         w.store(j, res, device)
 
 
-def _h_method(w: Worker, j: Job) -> None:
+def _handle_method(w: Worker, j: Job) -> None:
     name, obj, margs, mkwargs, device = j.args
     _, ctx = _xp(device)
     with ctx:
@@ -486,21 +487,21 @@ def _h_method(w: Worker, j: Job) -> None:
         w.store(j, res, device)
 
 
-def _h_getitem(w: Worker, j: Job) -> None:
+def _handle_get_item(w: Worker, j: Job) -> None:
     obj, key, device = j.args
     _, ctx = _xp(device)
     with ctx:
         w.store(j, obj.value[w.values(key, device)], device)
 
 
-def _h_setitem(w: Worker, j: Job) -> None:
+def _handle_set_item(w: Worker, j: Job) -> None:
     obj, key, value, device = j.args
     _, ctx = _xp(device)
     with ctx:
         obj.value[w.values(key, device)] = w.values(value, device)
 
 
-def _h_get(w: Worker, j: Job) -> None:
+def _handle_get_array(w: Worker, j: Job) -> None:
     obj, tag, posted = j.args
     if obj.error is not None:
         w.reply_error(tag, [obj.error])
@@ -516,7 +517,7 @@ def _h_get(w: Worker, j: Job) -> None:
         w.send_array(0, tag, host)
 
 
-def _h_getv(w: Worker, j: Job) -> None:
+def _handle_get_value(w: Worker, j: Job) -> None:
     obj, tag = j.args
     if obj.error is not None:
         w.reply_error(tag, [obj.error])
@@ -524,7 +525,7 @@ def _h_getv(w: Worker, j: Job) -> None:
     w.reply(tag, obj.value)
 
 
-def _h_send_to(w: Worker, j: Job) -> None:
+def _handle_send_to(w: Worker, j: Job) -> None:
     obj, dst, tag, posted = j.args
     buf = w.buf()
     if posted:  # the receiver says whether it posted its receive
@@ -534,7 +535,7 @@ def _h_send_to(w: Worker, j: Job) -> None:
         if early is None:
             w.channel.recv(buf[:1], dst, tag)
             ready = buf[0]
-        else:  # the dispatcher took the READY, or is having it taken (_prep_send_to)
+        else:  # the dispatcher took the READY, or is having it taken (_prepare_send_to)
             ready_work, ready_buf, data_work = early
             if data_work is not None:
                 data_work.wait()  # the dispatcher sent it all: the receiver is copying
@@ -545,7 +546,7 @@ def _h_send_to(w: Worker, j: Job) -> None:
             if obj.error is not None:
                 w.send_errors(dst, tag, [obj.error])
             else:
-                P.send_payload(w.channel, buf, dst, tag, P.K_OK, b"")
+                P.send_payload(w.channel, buf, dst, tag, P.FrameKind.VALUE, b"")
             return
     errors = [obj.error] if obj.error is not None else None
     if errors is None:
@@ -561,7 +562,7 @@ def _h_send_to(w: Worker, j: Job) -> None:
         w.send_array(dst, tag, host)
 
 
-def _h_recv_from(w: Worker, j: Job) -> None:
+def _handle_recv_from(w: Worker, j: Job) -> None:
     shape, dtype, device, src, tag, posted = j.args
     if posted:
         buf = w.buf()
@@ -570,7 +571,7 @@ def _h_recv_from(w: Worker, j: Job) -> None:
         out, work = j.extra if j.extra is not None else _post_receive(w, shape, dtype, src, tag, buf)
         if work is None:  # we could not allocate: the source array's own failure says more
             kind, payload = P.recv_payload(w.channel, buf, src, tag)
-            if kind != P.K_ERR:
+            if kind != P.FrameKind.ERRORS:
                 raise out
             j.outs[0].error = ErrorInfo(*pickle.loads(payload)[0])
             return
@@ -606,7 +607,7 @@ def _post_receive(w: Worker, shape: Any, dtype: Any, src: int, tag: int, buf: np
     return out, work
 
 
-def _h_to_device(w: Worker, j: Job) -> None:
+def _handle_to_device(w: Worker, j: Job) -> None:
     obj, device = j.args
     if device < 0:
         j.outs[0].value = _host(obj.value).copy() if isinstance(obj.value, np.ndarray) else _host(obj.value)
@@ -616,13 +617,13 @@ def _h_to_device(w: Worker, j: Job) -> None:
             j.outs[0].value = cp.array(obj.value, copy=True)
 
 
-def _h_run(w: Worker, j: Job) -> None:
+def _handle_run(w: Worker, j: Job) -> None:
     fn_bytes, fargs, fkwargs, tag = j.args
     try:
         fn = pickle.loads(fn_bytes)
         j.extra = getattr(fn, "__qualname__", repr(fn))
         res = fn(*w.values(fargs, -1), **w.values(fkwargs, -1))
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - the user's function failed: the master raises it
         info = w.record_error(j, exc, _op_name(j))
         j.outs[0].error = info
         if tag is not None:
@@ -640,7 +641,7 @@ def _h_run(w: Worker, j: Job) -> None:
     w.reply(tag, meta)
 
 
-def _h_coll(w: Worker, j: Job) -> None:
+def _handle_collective(w: Worker, j: Job) -> None:
     what, ranks, obj, arg, shape, dtype = j.args
     seq = j.extra
     group = w.groups[ranks]
@@ -667,23 +668,23 @@ def _h_coll(w: Worker, j: Job) -> None:
             w.group_cv.notify_all()
 
 
-def _h_record(w: Worker, j: Job) -> None:
-    ev: WEvent = j.extra
+def _handle_record_event(w: Worker, j: Job) -> None:
+    ev: WorkerEvent = j.extra
     ev.t = time.perf_counter()
     ev.flag.set()
 
 
-def _h_wait_event(w: Worker, j: Job) -> None:
-    ev: WEvent | None = j.extra
+def _handle_wait_event(w: Worker, j: Job) -> None:
+    ev: WorkerEvent | None = j.extra
     if ev is not None and not ev.flag.wait(w.timeout):
         raise CommTimeoutError(f"Event.wait: the event was not reached within {w.timeout}s")
 
 
-def _h_mark(w: Worker, j: Job) -> None:
+def _handle_stream_mark(w: Worker, j: Job) -> None:
     j.extra()
 
 
-def _h_ssync(w: Worker, j: Job) -> None:
+def _handle_stream_synchronize(w: Worker, j: Job) -> None:
     (tag,) = j.args
     errors = w.take_errors(j.stream)
     if errors:
@@ -693,16 +694,16 @@ def _h_ssync(w: Worker, j: Job) -> None:
 
 
 _HANDLERS: dict[str, Callable[[Worker, Job], None]] = {
-    "new": _h_new, "put": _h_put, "ufunc": _h_ufunc, "func": _h_func, "method": _h_method,
-    "getitem": _h_getitem, "setitem": _h_setitem, "get": _h_get, "getv": _h_getv, "send_to": _h_send_to,
-    "recv_from": _h_recv_from, "to_device": _h_to_device, "run": _h_run, "coll": _h_coll,
-    "record": _h_record, "wait_event": _h_wait_event, "mark": _h_mark, "ssync": _h_ssync,
+    C.NEW: _handle_new, C.PUT: _handle_put, C.UFUNC: _handle_ufunc, C.FUNCTION: _handle_function, C.METHOD: _handle_method,
+    C.GET_ITEM: _handle_get_item, C.SET_ITEM: _handle_set_item, C.GET_ARRAY: _handle_get_array, C.GET_VALUE: _handle_get_value, C.SEND_TO: _handle_send_to,
+    C.RECV_FROM: _handle_recv_from, C.TO_DEVICE: _handle_to_device, C.RUN: _handle_run, C.COLLECTIVE: _handle_collective,
+    C.RECORD_EVENT: _handle_record_event, C.WAIT_EVENT: _handle_wait_event, C.STREAM_MARK: _handle_stream_mark, C.STREAM_SYNCHRONIZE: _handle_stream_synchronize,
 }
 #: kinds that see their inputs' errors themselves (they must answer someone)
-_HANDLES_ERRORS = frozenset({"get", "getv", "send_to", "coll", "ssync", "mark", "record", "wait_event", "run"})
+_HANDLES_ERRORS = frozenset({C.GET_ARRAY, C.GET_VALUE, C.SEND_TO, C.COLLECTIVE, C.STREAM_SYNCHRONIZE, C.STREAM_MARK, C.RECORD_EVENT, C.WAIT_EVENT, C.RUN})
 
 
-def _prep_recv_from(w: Worker, j: Job) -> None:
+def _prepare_recv_from(w: Worker, j: Job) -> None:
     """A posted copy's receiver posts and answers READY at dispatch, not when its stream
     gets there: the result is a fresh array no earlier op touches, and the sender need
     not wait for this worker's thread hand-off."""
@@ -714,7 +715,7 @@ def _prep_recv_from(w: Worker, j: Job) -> None:
             j.extra = exc
 
 
-def _prep_put(w: Worker, j: Job) -> None:
+def _prepare_put(w: Worker, j: Job) -> None:
     """A large remote.send: the master waits for READY before its data moves, straight
     into the result (never into the transport's unexpected-message buffer)."""
     shape, dtype, _, _, tag, posted = j.args
@@ -725,7 +726,7 @@ def _prep_put(w: Worker, j: Job) -> None:
             j.extra = exc
 
 
-def _prep_send_to(w: Worker, j: Job) -> None:
+def _prepare_send_to(w: Worker, j: Job) -> None:
     """A posted copy's sender listens for READY at dispatch; when its stream is idle, its
     array computed and READY already here, it sends right away (the stream's job then only
     waits for the copy to finish), saving the thread hand-off on the copy's critical path."""
@@ -752,42 +753,42 @@ def _start_send_to(w: Worker, j: Job, obj: Slot, dst: int, tag: int) -> None:
     j.extra = (ready_work, ready, P.send_posted(w.channel, w.main_buf, dst, tag, P.byte_view(obj.value)))
 
 
-def _prep_record(w: Worker, j: Job) -> None:
-    ev = WEvent()
+def _prepare_record_event(w: Worker, j: Job) -> None:
+    ev = WorkerEvent()
     w.events[j.args[0]] = ev
     j.extra = ev
 
 
-def _prep_wait_event(w: Worker, j: Job) -> None:
+def _prepare_wait_event(w: Worker, j: Job) -> None:
     j.extra = w.events.get(j.args[0])
 
 
-def _prep_coll(w: Worker, j: Job) -> None:
+def _prepare_collective(w: Worker, j: Job) -> None:
     ranks = j.args[1]
     seq = w.group_issued.get(ranks, 0)
     w.group_issued[ranks] = seq + 1
     j.extra = seq
 
 
-def _prep_run(w: Worker, j: Job) -> None:
+def _prepare_run(w: Worker, j: Job) -> None:
     j.extra = "fn"
 
 
 _PREPARE: dict[str, Callable[[Worker, Job], None]] = {
-    "record": _prep_record, "wait_event": _prep_wait_event, "coll": _prep_coll, "run": _prep_run,
-    "recv_from": _prep_recv_from, "send_to": _prep_send_to, "put": _prep_put,
+    C.RECORD_EVENT: _prepare_record_event, C.WAIT_EVENT: _prepare_wait_event, C.COLLECTIVE: _prepare_collective, C.RUN: _prepare_run,
+    C.RECV_FROM: _prepare_recv_from, C.SEND_TO: _prepare_send_to, C.PUT: _prepare_put,
 }
 
 
 # --------------------------------------------------------------------- main-thread commands
-def _m_free(w: Worker, ids: tuple[int, ...]) -> None:
+def _handle_free(w: Worker, ids: tuple[int, ...]) -> None:
     for i in ids:
         w.slots.pop(i, None)
         w.events.pop(i, None)
     w.cache.collect()  # file the blocks these frees released now, so the limit holds now
 
 
-def _m_group(w: Worker, ranks: tuple[int, ...]) -> None:
+def _handle_new_group(w: Worker, ranks: tuple[int, ...]) -> None:
     g = _lifecycle.new_group(list(ranks))
     if w.rank in ranks:
         w.groups[tuple(ranks)] = g
@@ -802,13 +803,13 @@ def _when_drained(w: Worker, then: Callable[[], None]) -> None:
         then()
         return
     if len(busy) == 1:
-        busy[0].submit(Job("mark", busy[0].sid, [], (), [], [], None, then))
+        busy[0].submit(Job(C.STREAM_MARK, busy[0].sid, [], (), [], [], None, then))
         return
     marks = []
     for st in busy:
         ev = threading.Event()
         marks.append(ev)
-        st.submit(Job("mark", st.sid, [], (), [], [], None, ev.set))
+        st.submit(Job(C.STREAM_MARK, st.sid, [], (), [], [], None, ev.set))
 
     def waiter() -> None:
         deadline = time.monotonic() + w.timeout
@@ -819,7 +820,7 @@ def _when_drained(w: Worker, then: Callable[[], None]) -> None:
     threading.Thread(target=waiter, name="procgroup-node-sync", daemon=True).start()
 
 
-def _m_sync(w: Worker, tag: int) -> None:
+def _handle_synchronize(w: Worker, tag: int) -> None:
     def then() -> None:
         errors = w.take_errors()
         if errors:
@@ -830,7 +831,7 @@ def _m_sync(w: Worker, tag: int) -> None:
     _when_drained(w, then)
 
 
-def _m_mem(w: Worker, tag: int) -> None:
+def _handle_memory_info(w: Worker, tag: int) -> None:
     def then() -> None:
         seen: dict[int, int] = {}
         arrays = 0
@@ -849,7 +850,7 @@ def _m_mem(w: Worker, tag: int) -> None:
     _when_drained(w, then)
 
 
-def _m_empty_cache(w: Worker, tag: int) -> None:
+def _handle_empty_cache(w: Worker, tag: int) -> None:
     def then() -> None:
         w.cache.release()
         w.reply(tag, None)
@@ -857,17 +858,17 @@ def _m_empty_cache(w: Worker, tag: int) -> None:
     _when_drained(w, then)
 
 
-def _m_squery(w: Worker, sid: int, tag: int) -> None:
+def _handle_stream_query(w: Worker, sid: int, tag: int) -> None:
     st = w.streams.get(sid)
     w.reply(tag, st is None or st.idle)
 
 
-def _m_equery(w: Worker, eid: int, tag: int) -> None:
+def _handle_event_query(w: Worker, eid: int, tag: int) -> None:
     ev = w.events.get(eid)
     w.reply(tag, ev is None or ev.flag.is_set())
 
 
-def _m_esync(w: Worker, eids: tuple[int, ...], tag: int) -> None:
+def _handle_event_synchronize(w: Worker, eids: tuple[int, ...], tag: int) -> None:
     evs = [w.events.get(e) for e in eids]
 
     def waiter() -> None:
@@ -892,7 +893,7 @@ def _m_esync(w: Worker, eids: tuple[int, ...], tag: int) -> None:
         threading.Thread(target=waiter, name="procgroup-event-sync", daemon=True).start()
 
 
-def _m_bye(w: Worker, tag: int) -> bool:
+def _handle_goodbye(w: Worker, tag: int) -> bool:
     for st in w.streams.values():
         st.q.put(None)
     deadline = time.monotonic() + 5.0
@@ -903,14 +904,14 @@ def _m_bye(w: Worker, tag: int) -> bool:
         # every rank leaves together, as after any program's last barrier: some transports
         # (MPI) free their communicators collectively
         _ops.barrier()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - the job is ending: a peer gone by now changes nothing
         pass
     return False
 
 
 _MAIN: dict[str, Callable[..., Any]] = {
-    "free": _m_free, "group": _m_group, "sync": _m_sync, "mem": _m_mem, "empty_cache": _m_empty_cache,
-    "squery": _m_squery, "equery": _m_equery, "esync": _m_esync, "bye": _m_bye,
+    C.FREE: _handle_free, C.NEW_GROUP: _handle_new_group, C.SYNCHRONIZE: _handle_synchronize, C.MEMORY_INFO: _handle_memory_info, C.EMPTY_CACHE: _handle_empty_cache,
+    C.STREAM_QUERY: _handle_stream_query, C.EVENT_QUERY: _handle_event_query, C.EVENT_SYNCHRONIZE: _handle_event_synchronize, C.GOODBYE: _handle_goodbye,
 }
 
 
@@ -941,7 +942,7 @@ def serve_forever(node: int, rank: int, timeout: float, workers_group: Any) -> i
     except InvalidArgumentError as exc:
         limit, info["setting_error"] = 0, str(exc)
     w = Worker(node, rank, timeout, workers_group, limit)
-    P.send_payload(w.channel, w.buf(), 0, P.HELLO_TAG, P.K_OK, P.dumps(info))
+    P.send_payload(w.channel, w.buf(), 0, P.HELLO_TAG, P.FrameKind.VALUE, P.dumps(info))
     return w.serve()
 
 
