@@ -2,7 +2,7 @@
 # Install the development environment and run every test, once per Python leg:
 #   3.13 (.venv313): the newest supported CPython; the gloo tests run on the torch engine
 #   3.10 (.venv):    the pygloo leg: the gloo tests run on both engines (pygloo and torch)
-# Each leg runs the whole suite (about 5 to 7 minutes each on 2 cores, see docs/install.md).
+# Each leg runs the whole suite (how long that takes: docs/install.md, "The test legs").
 # Extra arguments go to pytest on every leg, e.g. scripts/test.sh tests/test_backend_tcp.py -x
 # PROCGROUP_TEST_PYTHONS picks the legs, e.g. PROCGROUP_TEST_PYTHONS=3.10 scripts/test.sh
 # A failing leg does not stop the next one; the exit status is non-zero when any leg failed.

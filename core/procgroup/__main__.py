@@ -84,8 +84,14 @@ def _version(module: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m procgroup", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["info"], help="what to show")
-    parser.parse_args(argv)
+    parser.add_argument("command", choices=["info", "torch-compat"], help="what to show")
+    parser.add_argument("--markdown", action="store_true", help="torch-compat: print docs/from-torch.md")
+    args = parser.parse_args(argv)
+    if args.command == "torch-compat":
+        from . import _torch_compat  # imports torch: for this command only
+
+        sys.stdout.write(_torch_compat.markdown() if args.markdown else _torch_compat.plain())
+        return 0
     info()
     return 0
 

@@ -58,7 +58,12 @@ def resolve(group: Any) -> Group:
         return st.world
     if isinstance(group, Group):
         return group
-    raise InvalidArgumentError(f"group must be a procgroup Group or group.WORLD, got {group!r}")
+    if type(group) is int:  # the 2017 module's int groups: 0 is the world, n the n-th new_group
+        found = st.world if group == 0 else next((g for g in st.groups if g.group_id == group), None)
+        if found is not None:
+            return found
+    raise InvalidArgumentError(f"group must be a procgroup Group, group.WORLD or a group id "
+                               f"(0 is the world), got {group!r}")
 
 
 def member(group: Any, op: str) -> Group:

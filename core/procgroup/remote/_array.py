@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import operator
 import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -657,10 +656,6 @@ def pickled_function(fn: Any) -> bytes:
     except Exception as exc:
         raise TypeError(f"remote.run: {fn!r} cannot be pickled ({exc}); define it at module level in a module the "
                         f"workers can import (or in the script, before init_master_worker)") from exc
-
-
-def scalar_index(value: Any) -> int:
-    return operator.index(value)
 
 
 __all__ = ["FUNCTIONS", "INLINE_SEND", "RemoteArray", "RemoteValue", "pickled_function"]

@@ -84,10 +84,6 @@ def ghosts(obj: Any) -> Any:
     return _map(ghost, obj)
 
 
-def tinies(obj: Any) -> Any:
-    return _map(tiny, obj)
-
-
 def normalize_shape(shape: Any, where: str = "shape") -> tuple[int, ...]:
     """An int or a sequence of ints, as NumPy takes it; NumPy's errors otherwise."""
     try:

@@ -28,10 +28,6 @@ _registered: dict[str, Handler] = {}
 _registry_lock = threading.Lock()
 
 
-def _scheme_prefix(scheme: str) -> str:
-    return f"{scheme}://"
-
-
 # ------------------------------------------------------------------ argument checks
 def _check_int(value: object, name: str, scheme: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
