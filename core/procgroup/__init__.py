@@ -14,10 +14,8 @@ from ._lifecycle import (
     get_rank,
     get_world_size,
     group_channel,
-    init_process_group,
     is_available,
     is_initialized,
-    new_group,
 )
 from ._ops import (
     all_gather,
@@ -34,6 +32,22 @@ from ._ops import (
     scatter,
     send,
 )
+from ._collectives_ext import all_gather_into_tensor, all_to_all_single, reduce_scatter_tensor
+from ._monitored import monitored_barrier
+from ._flight import dump_flight_record, flight_record, flight_report
+from ._p2p_batch import P2POp, batch_isend_irecv
+from ._torch2017 import gather_recv, gather_send, scatter_recv, scatter_send
+from ._torch_groups import (
+    get_global_rank,
+    get_group_rank,
+    get_node_local_rank,
+    get_process_group_ranks,
+    init_process_group,
+    is_torchelastic_launched,
+    new_group,
+    new_subgroups,
+    new_subgroups_by_enumeration,
+)
 from ._survive import agree, failed_ranks, revoke, shrink
 from .backend import BackendSpec, ChannelContext, DataChannel, Work, hookimpl
 from .errors import (
@@ -49,7 +63,14 @@ from .errors import (
     RemoteError,
 )
 from .groups import Group, GroupMember, group
-from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
+from .objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
 from .ops import ReduceOp, reduce_op
 from .plugins import register_backend
 from . import remote
@@ -81,18 +102,19 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "AuthenticationError",
     "Backend",
-    "Event",
     "BackendSpec",
     "ChannelClosedError",
     "ChannelContext",
     "CommTimeoutError",
     "DataChannel",
+    "Event",
     "Group",
-    "GroupRevokedError",
     "GroupMember",
+    "GroupRevokedError",
     "InvalidArgumentError",
     "InvalidArrayError",
     "MismatchError",
+    "P2POp",
     "PeerError",
     "ProcGroupError",
     "ReduceOp",
@@ -102,10 +124,13 @@ __all__ = [
     "__version__",
     "agree",
     "all_gather",
+    "all_gather_into_tensor",
     "all_gather_object",
     "all_reduce",
     "all_to_all",
+    "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
     "current_node",
@@ -113,8 +138,14 @@ __all__ = [
     "failed_ranks",
     "gather",
     "gather_object",
+    "gather_recv",
+    "gather_send",
     "get_backend",
+    "get_global_rank",
+    "get_group_rank",
+    "get_node_local_rank",
     "get_num_processes",
+    "get_process_group_ranks",
     "get_rank",
     "get_world_size",
     "group",
@@ -125,20 +156,32 @@ __all__ = [
     "irecv",
     "is_available",
     "is_initialized",
+    "is_torchelastic_launched",
     "isend",
+    "monitored_barrier",
+    "dump_flight_record",
+    "flight_record",
+    "flight_report",
     "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
     "node",
     "num_nodes",
     "recv",
+    "recv_object_list",
     "reduce",
     "reduce_op",
     "reduce_scatter",
+    "reduce_scatter_tensor",
     "register_backend",
-    "scatter",
-    "scatter_object_list",
     "remote",
     "revoke",
+    "scatter",
+    "scatter_object_list",
+    "scatter_recv",
+    "scatter_send",
     "send",
+    "send_object_list",
     "set_node",
     "shrink",
     "synchronize",

@@ -9,15 +9,18 @@ runs the op on the group's channel: ``channel.run`` when blocking, ``channel.sta
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple, Sequence, cast
+from typing import Any, NamedTuple, cast
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from . import _state
 from ._staging import Prepared, copy_back, prepare, prepare_list
 from .backend import MAX_USER_TAG, CompletedWork, DataChannel, MappedWork, Work
-from .errors import InvalidArgumentError, ProcGroupError
+from ._settings import timeout_seconds
+from .errors import CommTimeoutError, InvalidArgumentError, ProcGroupError
 from .groups import Group
+from ._torch_args import member_or_none, root_rank, torch_names, world_rank
 from .ops import ReduceOp, check_op_dtype
 
 
@@ -61,12 +64,21 @@ def _peer(g: Group, rank: int, what: str, op: str) -> int:
     return peer
 
 
-def _p2p(op: str, array: Any, rank: int | None, group: Any, tag: int) -> tuple[Group, DataChannel, int | None, Prepared]:
-    g = _state.member(group, op)
+def _p2p(op: str, array: Any, rank: int | None, group: Any, tag: int,
+         group_rank: int | None) -> tuple[Group, DataChannel, int | None, Prepared] | None:
+    """(group, channel, peer's group rank or None for any source, prepared array); None
+    when this rank is not in ``group`` (torch: a warning, nothing sent)."""
+    g = member_or_none(group, op)
+    if g is None:
+        return None
     _check_tag(tag, op)
     receiving = op.endswith("recv")
-    peer = None if rank is None else _peer(g, rank, "src" if receiving else "dst", op)
-    p = prepare(g, array, "array", op, writable=receiving, reads=not receiving)
+    what = "src" if receiving else "dst"
+    rank = world_rank(g, rank, group_rank, what, op)
+    if rank is None and not receiving:
+        raise InvalidArgumentError(f"{op}: pass dst (a world rank) or group_dst (a rank in the group)")
+    peer = None if rank is None else _peer(g, rank, what, op)
+    p = prepare(g, array, "tensor", op, writable=receiving, reads=not receiving)
     return g, g.channel, peer, p  # type: ignore[return-value]
 
 
@@ -115,18 +127,23 @@ def _remember_dtype(p: Prepared) -> None:
         _p2p_dtypes.add(p.dtype)
 
 
-def send(array: Any, dst: int, group: Any = None, tag: int = 0) -> None:
-    """Send ``array`` to world rank ``dst``; blocks until the buffer may be reused."""
-    f = _fast(group, array, tag, False)
-    peer = f.index.get(dst) if f is not None and type(dst) is int and dst != f.me else None
+@torch_names({"array": "tensor"})
+def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
+    """Send ``tensor`` to world rank ``dst`` (or group rank ``group_dst``); blocks until the
+    buffer may be reused."""
+    f = _fast(group, tensor, tag, False)
+    peer = f.index.get(dst) if f is not None and type(dst) is int and dst != f.me and group_dst is None else None
     if peer is not None:
         try:
-            f.send(array, peer, tag)  # type: ignore[union-attr]
+            f.send(tensor, peer, tag)  # type: ignore[union-attr]
         except ProcGroupError as exc:
             _name_op(exc, "send", _state.resolve(group))
             raise
         return
-    g, channel, peer, p = _p2p("send", array, dst, group, tag)
+    found = _p2p("send", tensor, dst, group, tag, group_dst)
+    if found is None:
+        return
+    g, channel, peer, p = found
     try:
         channel.send(p.native, cast(int, peer), tag)
     except ProcGroupError as exc:
@@ -135,18 +152,23 @@ def send(array: Any, dst: int, group: Any = None, tag: int = 0) -> None:
     _remember_dtype(p)
 
 
-def recv(array: Any, src: int | None = None, group: Any = None, tag: int = 0) -> int:
-    """Receive into ``array`` from ``src`` (any rank when None); returns the sender's rank."""
-    f = _fast(group, array, tag, True)
+@torch_names({"array": "tensor"})
+def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> int:
+    """Receive into ``tensor`` from world rank ``src`` (or group rank ``group_src``; any rank
+    when neither is given); returns the sender's world rank (-1 on a non-member, as torch)."""
+    f = _fast(group, tensor, tag, True) if group_src is None else None
     if f is not None:
         peer = None if src is None else f.index.get(src) if type(src) is int and src != f.me else -1
         if peer != -1:
             try:
-                return f.ranks[f.recv(array, peer, tag)]
+                return f.ranks[f.recv(tensor, peer, tag)]
             except ProcGroupError as exc:
                 _name_op(exc, "recv", _state.resolve(group))
                 raise
-    g, channel, peer, p = _p2p("recv", array, src, group, tag)
+    found = _p2p("recv", tensor, src, group, tag, group_src)
+    if found is None:
+        return -1
+    g, channel, peer, p = found
     try:
         sender = channel.recv(p.native, peer, tag)
     except ProcGroupError as exc:
@@ -159,24 +181,38 @@ def recv(array: Any, src: int | None = None, group: Any = None, tag: int = 0) ->
     return g.global_rank(sender)
 
 
-def isend(array: Any, dst: int, group: Any = None, tag: int = 0) -> Work:
-    """Start sending ``array``; don't touch it until the returned Work is waited on."""
-    _, channel, peer, p = _p2p("isend", array, dst, group, tag)
+@torch_names({"array": "tensor"})
+def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
+          group_dst: int | None = None) -> Work | None:
+    """Start sending ``tensor``; don't touch it until the returned Work is waited on."""
+    found = _p2p("isend", tensor, dst, group, tag, group_dst)
+    if found is None:
+        return None
+    _, channel, peer, p = found
     return channel.isend(p.native, cast(int, peer), tag)
 
 
-def irecv(array: Any, src: int | None = None, group: Any = None, tag: int = 0) -> Work:
-    """Start receiving into ``array``; ``Work.source_rank()`` is the sender after wait()."""
-    g, channel, peer, p = _p2p("irecv", array, src, group, tag)
+@torch_names({"array": "tensor"})
+def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
+          group_src: int | None = None) -> Work | None:
+    """Start receiving into ``tensor``; ``Work.source_rank()`` is the sender after wait()."""
+    found = _p2p("irecv", tensor, src, group, tag, group_src)
+    if found is None:
+        return None
+    g, channel, peer, p = found
     return MappedWork(channel.irecv(p.native, peer, tag), mapping=g.global_rank, then=copy_back([p]))
 
 
 # --------------------------------------------------------------------- collectives
-def broadcast(array: Any, src: int, group: Any = None, async_op: bool = False) -> Work | None:
-    """Copy world rank ``src``'s array into every member's array."""
-    g = _state.member(group, "broadcast")
-    root = g.group_rank(src, "src")
-    p = prepare(g, array, "array", "broadcast", writable=True, reads=g.rank == root)
+@torch_names({"array": "tensor"})
+def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
+              group_src: int | None = None) -> Work | None:
+    """Copy world rank ``src``'s (or group rank ``group_src``'s) tensor into every member's."""
+    g = member_or_none(group, "broadcast")
+    if g is None:
+        return None
+    root = root_rank(g, src, group_src, "src", "broadcast")
+    p = prepare(g, tensor, "tensor", "broadcast", writable=True, reads=g.rank == root)
     return _execute(g, "broadcast", (p.native, root), [p], async_op)
 
 
@@ -193,8 +229,10 @@ def bind_world(world: Group | None) -> None:
     _world_fast = None if world is None else world.fast
 
 
-def all_reduce(array: Any, op: ReduceOp = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
-    """Reduce every member's array with ``op``; each gets the result in place."""
+@torch_names({"array": "tensor"})
+def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+    """Reduce every member's tensor with ``op``; each gets the result in place."""
+    array = tensor
     f = _world_fast if group is None else group.fast if type(group) is Group else None
     if f is not None and not async_op and type(array) is _ndarray:
         # what member/prepare/check_op_dtype check, for an all_reduce of a NumPy
@@ -210,90 +248,137 @@ def all_reduce(array: Any, op: ReduceOp = ReduceOp.SUM, group: Any = None, async
                 _name_op(exc, "all_reduce", _state.resolve(group))
                 raise
             return None
-    g = _state.member(group, "all_reduce")
-    p = prepare(g, array, "array", "all_reduce", writable=True)
+    g = member_or_none(group, "all_reduce")
+    if g is None:
+        return None
+    p = prepare(g, array, "tensor", "all_reduce", writable=True)
     check_op_dtype(op, p.dtype)
     if type(p.original) is np.ndarray and p.native is p.original:
         _reduce_checked[op].add(p.dtype)
     return _execute(g, "all_reduce", (p.native, op), [p], async_op)
 
 
-def reduce(array: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
-    """Reduce every member's array into world rank ``dst``'s; others' stay unchanged."""
-    g = _state.member(group, "reduce")
-    root = g.group_rank(dst, "dst")
-    p = prepare(g, array, "array", "reduce", writable=g.rank == root)
+@torch_names({"array": "tensor"})
+def reduce(tensor: Any, dst: int | None = None, op: ReduceOp = ReduceOp.SUM, group: Any = None,
+           async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    """Reduce every member's tensor into world rank ``dst``'s (or group rank ``group_dst``'s);
+    the others' stay unchanged."""
+    g = member_or_none(group, "reduce")
+    if g is None:
+        return None
+    root = root_rank(g, dst, group_dst, "dst", "reduce")
+    p = prepare(g, tensor, "tensor", "reduce", writable=g.rank == root)
     check_op_dtype(op, p.dtype)
     return _execute(g, "reduce", (p.native, root, op), [p] if g.rank == root else [], async_op)
 
 
-def all_gather(array_list: list[Any], array: Any, group: Any = None, async_op: bool = False) -> Work | None:
-    """array_list[i] receives member i's array, on every member."""
-    g = _state.member(group, "all_gather")
-    p = prepare(g, array, "array", "all_gather", writable=False)
-    outs = prepare_list(g, array_list, "array_list", "all_gather", p, writable=True, reads=False)
+@torch_names({"array_list": "tensor_list", "array": "tensor"})
+def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
+    """tensor_list[i] receives member i's tensor, on every member."""
+    g = member_or_none(group, "all_gather")
+    if g is None:
+        return None
+    p = prepare(g, tensor, "tensor", "all_gather", writable=False)
+    outs = prepare_list(g, tensor_list, "tensor_list", "all_gather", p, writable=True, reads=False)
     return _execute(g, "all_gather", ([o.native for o in outs], p.native), outs, async_op)
 
 
-def gather(array: Any, gather_list: list[Any] | None = None, dst: int = 0, group: Any = None,
-           async_op: bool = False) -> Work | None:
-    """World rank ``dst`` receives every member's array into gather_list (only dst passes it)."""
-    g = _state.member(group, "gather")
-    root = g.group_rank(dst, "dst")
-    p = prepare(g, array, "array", "gather", writable=False)
+@torch_names({"array": "tensor"})
+def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = None, group: Any = None,
+           async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    """World rank ``dst`` (default 0; or group rank ``group_dst``) receives every member's
+    tensor into gather_list (only dst passes it)."""
+    g = member_or_none(group, "gather")
+    if g is None:
+        return None
+    root = root_rank(g, dst, group_dst, "dst", "gather", default=0)
+    p = prepare(g, tensor, "tensor", "gather", writable=False)
     outs: list[Prepared] = []
     if g.rank == root:
         if gather_list is None:
-            raise InvalidArgumentError(f"gather: rank {dst} is dst and must pass gather_list")
+            raise InvalidArgumentError(f"gather: rank {g.global_rank(root)} is dst and must pass gather_list")
         outs = prepare_list(g, gather_list, "gather_list", "gather", p, writable=True, reads=False)
     elif gather_list:
-        raise InvalidArgumentError(f"gather: only dst (rank {dst}) passes gather_list")
+        raise InvalidArgumentError(f"gather: only dst (rank {g.global_rank(root)}) passes gather_list")
     native = [o.native for o in outs] if outs else None
     return _execute(g, "gather", (p.native, native, root), outs, async_op)
 
 
-def scatter(array: Any, scatter_list: list[Any] | None = None, src: int = 0, group: Any = None,
-            async_op: bool = False) -> Work | None:
-    """Member i receives scatter_list[i] from world rank ``src`` into ``array``."""
-    g = _state.member(group, "scatter")
-    root = g.group_rank(src, "src")
-    p = prepare(g, array, "array", "scatter", writable=True, reads=False)
+@torch_names({"array": "tensor"})
+def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None, group: Any = None,
+            async_op: bool = False, group_src: int | None = None) -> Work | None:
+    """Member i receives scatter_list[i] from world rank ``src`` (default 0; or group rank
+    ``group_src``) into ``tensor``."""
+    g = member_or_none(group, "scatter")
+    if g is None:
+        return None
+    root = root_rank(g, src, group_src, "src", "scatter", default=0)
+    p = prepare(g, tensor, "tensor", "scatter", writable=True, reads=False)
     ins: list[Prepared] = []
     if g.rank == root:
         if scatter_list is None:
-            raise InvalidArgumentError(f"scatter: rank {src} is src and must pass scatter_list")
+            raise InvalidArgumentError(f"scatter: rank {g.global_rank(root)} is src and must pass scatter_list")
         ins = prepare_list(g, scatter_list, "scatter_list", "scatter", p, writable=False)
     elif scatter_list:
-        raise InvalidArgumentError(f"scatter: only src (rank {src}) passes scatter_list")
+        raise InvalidArgumentError(f"scatter: only src (rank {g.global_rank(root)}) passes scatter_list")
     native = [i.native for i in ins] if ins else None
     return _execute(g, "scatter", (p.native, native, root), [p], async_op)
 
 
+@torch_names()
 def reduce_scatter(output: Any, input_list: list[Any], op: ReduceOp = ReduceOp.SUM, group: Any = None,
                    async_op: bool = False) -> Work | None:
     """output = op over members of their input_list[my rank]."""
-    g = _state.member(group, "reduce_scatter")
+    g = member_or_none(group, "reduce_scatter")
+    if g is None:
+        return None
     p = prepare(g, output, "output", "reduce_scatter", writable=True, reads=False)
     check_op_dtype(op, p.dtype)
     ins = prepare_list(g, input_list, "input_list", "reduce_scatter", p, writable=False)
     return _execute(g, "reduce_scatter", (p.native, [i.native for i in ins], op), [p], async_op)
 
 
-def all_to_all(output_list: list[Any], input_list: list[Any], group: Any = None,
+@torch_names({"output_list": "output_tensor_list", "input_list": "input_tensor_list"})
+def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], group: Any = None,
                async_op: bool = False) -> Work | None:
-    """output_list[j] receives member j's input_list[my rank]."""
-    g = _state.member(group, "all_to_all")
-    if not isinstance(input_list, (list, tuple)) or not input_list:
-        raise InvalidArgumentError("all_to_all: input_list must be a non-empty list of arrays")
-    ins = prepare_list(g, input_list, "input_list", "all_to_all", None, writable=False)
-    outs = prepare_list(g, output_list, "output_list", "all_to_all", ins[0], writable=True, reads=False)
+    """output_tensor_list[j] receives member j's input_tensor_list[my rank]."""
+    g = member_or_none(group, "all_to_all")
+    if g is None:
+        return None
+    if not isinstance(input_tensor_list, (list, tuple)) or not input_tensor_list:
+        raise InvalidArgumentError("all_to_all: input_tensor_list must be a non-empty list of tensors")
+    ins = prepare_list(g, input_tensor_list, "input_tensor_list", "all_to_all", None, writable=False)
+    outs = prepare_list(g, output_tensor_list, "output_tensor_list", "all_to_all", ins[0], writable=True,
+                        reads=False)
     return _execute(g, "all_to_all", ([o.native for o in outs], [i.native for i in ins]), outs, async_op)
 
 
-def barrier(group: Any = None, async_op: bool = False) -> Work | None:
-    """Return once every member has entered the barrier."""
-    g = _state.member(group, "barrier")
-    return _execute(g, "barrier", (), [], async_op)
+@torch_names()
+def barrier(group: Any = None, async_op: bool = False, device_ids: list[int] | None = None,
+            timeout: Any = None) -> Work | None:
+    """Return once every member has entered the barrier; ``timeout`` (seconds or a
+    timedelta) bounds this wait instead of the group's timeout. ``device_ids`` (torch's
+    hint for NCCL) is accepted and not needed."""
+    g = member_or_none(group, "barrier")
+    if g is None:
+        return None
+    if device_ids is not None and (not isinstance(device_ids, (list, tuple))
+                                   or not all(isinstance(d, int) for d in device_ids)):
+        raise InvalidArgumentError(f"barrier: device_ids must be a list of ints, got {device_ids!r}")
+    if timeout is None or async_op:
+        return _execute(g, "barrier", (), [], async_op)
+    _barrier_within(g, timeout_seconds(timeout))
+    return None
+
+
+def _barrier_within(g: Group, seconds: float) -> None:
+    """A blocking barrier that gives up after ``seconds`` with a CommTimeoutError."""
+    work = cast(Work, _execute(g, "barrier", (), [], True))
+    try:
+        work.wait(timeout=seconds)
+    except CommTimeoutError:
+        raise CommTimeoutError(f"barrier: not every member of {list(g.ranks)} arrived within {seconds:g}s "
+                               f"(barrier's timeout)", op="barrier") from None
 
 
 __all__ = [

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import arrays
+from . import _torch_tensors, arrays
 from ._state import devices
 from .errors import InvalidArgumentError, InvalidArrayError, UnsupportedOperationError
 from .groups import Group
@@ -33,6 +33,8 @@ def prepare(g: Group, array: Any, name: str, op: str, *, writable: bool, reads: 
             and (array.flags.writeable or not writable) and array.dtype.kind in "biufc" \
             and array.dtype.isnative:
         return Prepared(array, array, False, array.dtype, array.size)  # the common case, fast
+    if _torch_tensors.is_tensor(array):  # checked before anything is sent, whatever the device
+        array = _torch_tensors.checked(array, name)
     device = arrays.device_of(array)
     takes = devices(g)
     if device == arrays.CUDA:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _torch_tensors
 from .errors import InvalidArrayError
 
 CPU = "cpu"
@@ -26,6 +27,8 @@ def device_of(array: Any) -> str:
     """``"cuda"`` for arrays in GPU memory, ``"cpu"`` for everything else."""
     if isinstance(array, np.ndarray):
         return CPU
+    if _torch_tensors.is_tensor(array):
+        return _torch_tensors.device_kind(array)
     if hasattr(array, "__cuda_array_interface__"):
         return CUDA
     dl_device = getattr(array, "__dlpack_device__", None)
@@ -42,6 +45,8 @@ def as_host_array(array: Any, *, name: str = "array", writable: bool = True) -> 
     """A NumPy view of host ``array``'s memory; clear errors for what cannot be used."""
     if isinstance(array, np.ndarray):
         arr = array
+    elif _torch_tensors.is_tensor(array):
+        arr = _torch_tensors.host_view(array, name)
     elif isinstance(array, (bytes, bytearray, memoryview)) or _has_buffer(array):
         view = memoryview(array)
         if not view.c_contiguous:
@@ -108,10 +113,12 @@ class CudaArrayInfo:
 
 def cuda_info(array: Any, *, name: str = "array") -> CudaArrayInfo:
     """Read a device array's pointer, shape and dtype; reject non-contiguous ones."""
+    if _torch_tensors.is_tensor(array):
+        array = _torch_tensors.checked(array, name)
     cai = getattr(array, "__cuda_array_interface__", None)
     if cai is None:
         try:
-            import cupy  # noqa: PLC0415 - only for DLPack-only CUDA tensors
+            import cupy
 
             cai = cupy.from_dlpack(array).__cuda_array_interface__
         except Exception as exc:  # noqa: BLE001
@@ -144,7 +151,7 @@ def _memcpy(dst: int, src: int, nbytes: int, *, host_backed: bool, to_device: bo
         ctypes.memmove(dst, src, nbytes)
         return
     try:
-        import cupy  # noqa: PLC0415 - GPU only
+        import cupy
     except ImportError:
         raise InvalidArrayError(
             "a CUDA array was given but CuPy is not installed to copy it to host memory"
