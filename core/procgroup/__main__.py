@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from . import __version__
 from .backend import ALL_OPS, BackendSpec, implemented_ops
@@ -84,7 +85,8 @@ def _version(module: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m procgroup", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["info", "torch-compat"], help="what to show")
+    parser.add_argument("command", choices=["info", "torch-compat", "flight"], help="what to show")
+    parser.add_argument("dumps", nargs="*", help="flight: saved flight dumps (JSON files or directories)")
     parser.add_argument("--markdown", action="store_true", help="torch-compat: print docs/from-torch.md")
     args = parser.parse_args(argv)
     if args.command == "torch-compat":
@@ -92,7 +94,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         sys.stdout.write(_torch_compat.markdown() if args.markdown else _torch_compat.plain())
         return 0
+    if args.command == "flight":
+        return flight(args.dumps)
     info()
+    return 0
+
+
+def flight(paths: Sequence[str], out: Any = None) -> int:
+    """Print the culprit report of saved flight dumps (docs/debugging.md)."""
+    from ._flight import analyse_flight_dumps, load_flight_dumps
+    from .errors import InvalidArgumentError
+
+    out = out or sys.stdout
+    if not paths:
+        sys.stderr.write("python -m procgroup flight: give the dump files or directories to analyse\n")
+        return 2
+    try:
+        dumps = load_flight_dumps(paths)
+    except InvalidArgumentError as exc:
+        sys.stderr.write(f"python -m procgroup flight: {exc}\n")
+        return 2
+    out.write(f"{len(dumps)} dump(s), ranks {sorted(d['rank'] for d in dumps)}\n")
+    out.write(analyse_flight_dumps(dumps).text() + "\n")
     return 0
 
 

@@ -101,6 +101,12 @@ class Report:
     ranks: list[str] = field(default_factory=list)  # one line per rank
     cycles: list[str] = field(default_factory=list)
     first_failure: str | None = None
+    recorded: set[int] = field(default_factory=set)  # the ranks whose dumps were analysed
+
+    @property
+    def stuck(self) -> list[int]:
+        """The culprits that were still there to be asked (not gone before the report)."""
+        return [r for r in self.culprits if r in self.recorded]
 
     def summary(self) -> str:
         """The culprit lines (empty when nothing is known)."""
@@ -151,7 +157,7 @@ def analyse(dumps: Iterable[Mapping[str, Any]], world_size: int | None = None,
         if isinstance(d, Mapping) and isinstance(d.get("rank"), int):
             by_rank[d["rank"]] = d
     absent = dict(absent or {})
-    report = Report()
+    report = Report(recorded=set(by_rank))
     colls = {r: _collectives(d) for r, d in by_rank.items()}
     edges: list[Edge] = []
     out_of_step: dict[int, str] = {}

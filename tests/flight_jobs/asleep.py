@@ -16,6 +16,8 @@ def main() -> None:
     dist.init_process_group("tcp")
     rank = dist.get_rank()
     for step in range(6):
+        if step == 4:
+            print(f"step {step}", flush=True)  # the test's cue: the stuck step is reached
         batch = load_batch(rank, step)
         dist.all_reduce(batch)
 

@@ -77,7 +77,7 @@ class Reporting(NodeJob):
 
     def _summary(self, headline: str, root: Rank | None, report: Report | None = None) -> None:
         lines = [headline]
-        if report is not None and report.reasons:
+        if report is not None and report.reasons and report.stuck:
             # the rank that holds the job up, not the first to give up waiting on it
             lines.append(f"root cause: {report.reasons[0]}")
             lines.extend(f"also: {why}" for why in report.reasons[1:])

@@ -128,9 +128,10 @@ _perf = time.perf_counter
 class Recorder:
     """The process's ring of entries (one per process: every channel writes to it)."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.ring: list[list[Any] | None] = [None] * size
+    def __init__(self) -> None:
+        self.size = 0
+        self.ring: list[list[Any] | None] = []
+        self.configured = False
         self.next = 0  # entries written so far
         self.world_rank: int | None = None
         self.groups: weakref.WeakSet[GroupInfo] = weakref.WeakSet()
@@ -138,6 +139,14 @@ class Recorder:
         self.first_failure: str | None = None
         self.departures: dict[int, str] = {}
         self.responder: Responder | None = None
+
+    def configure(self) -> None:
+        """Size the ring from $PROCGROUP_FLIGHT_RECORDER, once: at the first channel (so a
+        process may set the variable after importing procgroup, before init)."""
+        if not self.configured:
+            self.size = _ring_size()
+            self.ring = [None] * self.size
+            self.configured = True
 
     def entries(self) -> list[list[Any]]:
         """The entries, oldest first (copies: the ring goes on changing)."""
@@ -153,7 +162,7 @@ class Recorder:
         return out
 
 
-RECORDER = Recorder(_ring_size())
+RECORDER = Recorder()
 
 
 def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = False) -> Callable[..., Any]:
@@ -366,6 +375,7 @@ def dump_path(directory: str, rank: Any) -> str:
 # ------------------------------------------------------------------ channels register
 def register(channel: DataChannel) -> GroupInfo:
     """The GroupInfo of a new channel (the core calls it from DataChannel.__init__)."""
+    RECORDER.configure()
     ctx = channel.ctx
     ranks = tuple(ctx.global_ranks) if ctx.global_ranks else tuple(range(ctx.size))
     prefix = getattr(ctx.store, "prefix", None)

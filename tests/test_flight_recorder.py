@@ -1,0 +1,142 @@
+"""The flight recorder's ring, read from Python in a real group, and the offline analyser.
+
+One job of three tcp ranks (tcp:// rendezvous, so each rank's Store responder runs) checks
+many things: the entries of collectives and point-to-point calls (numbers per group, peer,
+size, dtype, state, the caller's own file and line), a sub-group's own numbering, the ring's
+bound, the JSON dump, and a live report gathered through the Store. The analyser's rules
+are checked in process on dumps the ranks wrote.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from procgroup.testing import spawn
+
+pytestmark = pytest.mark.timeout(300)
+RING = 40
+
+
+def _line_of(marker: str) -> int:
+    """The line of this file holding ``marker`` (what the record must name as the caller)."""
+    for i, line in enumerate(inspect.getsource(sys.modules[__name__]).splitlines(), 1):
+        if marker in line and "_line_of" not in line:
+            return i
+    raise AssertionError(marker)
+
+
+def recorder_checks(rank: int, size: int, out_dir: str) -> dict[str, Any]:
+    import procgroup as dist
+
+    x = np.arange(4, dtype=np.float32)
+    dist.all_reduce(x)  # MARK-all-reduce
+    dist.broadcast(x, src=1)  # MARK-broadcast
+    if rank == 0:
+        dist.send(np.ones(3, dtype=np.int64), dst=2)  # MARK-send
+    elif rank == 2:
+        dist.recv(np.empty(3, dtype=np.int64), src=0)  # MARK-recv
+    sub = dist.new_group([0, 1])
+    if rank in (0, 1):
+        dist.all_reduce(np.ones(2, dtype=np.float64), group=sub)  # MARK-sub
+    dist.barrier()
+    record = dist.flight_record()
+    for _ in range(RING + 5):  # the ring keeps the newest RING entries only
+        dist.all_reduce(np.zeros(1, dtype=np.float32))
+    bounded = dist.flight_record()
+    text = dist.dump_flight_record(os.path.join(out_dir, f"rank{rank}.flight.json"))
+    report = dist.flight_report()
+    dist.barrier()
+    return {"record": record, "bounded": bounded, "dump": json.loads(text), "report": report}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path]:
+    out = tmp_path_factory.mktemp("flight")
+    results = spawn(recorder_checks, 3, "tcp", init_method="tcp", args=(str(out),),
+                    env={"PROCGROUP_FLIGHT_RECORDER": str(RING)})
+    return results, out
+
+
+def _world(record: list[dict[str, Any]], op: str) -> list[dict[str, Any]]:
+    return [e for e in record if e["op"] == op and e["group_id"] == 0]
+
+
+def test_collectives_are_numbered_per_group_with_their_caller(job: tuple[list[dict[str, Any]], Path]) -> None:
+    results, _ = job
+    for rank, res in enumerate(results):
+        rec = res["record"]
+        ar, = _world(rec, "all_reduce")
+        bc, = _world(rec, "broadcast")
+        barrier, = _world(rec, "barrier")
+        assert (ar["seq"], bc["seq"], barrier["seq"]) == (1, 2, 3)  # one numbering per group, from 1
+        assert ar["kind"] == "collective" and ar["state"] == "done" and ar["end"] >= ar["start"]
+        assert ar["bytes"] == 16 and ar["dtype"] == "float32" and ar["peer"] is None
+        assert bc["peer"] == 1  # the root, as a world rank
+        assert os.path.basename(ar["file"]) == "test_flight_recorder.py"
+        assert ar["function"] == "recorder_checks"
+        assert ar["line"] == _line_of("# MARK-all-reduce") and bc["line"] == _line_of("# MARK-broadcast")
+        assert ar["group_ranks"] == [0, 1, 2]
+        subs = [e for e in rec if e["group_id"] != 0 and e["kind"] == "collective"]
+        if rank in (0, 1):
+            sub, = subs
+            assert (sub["op"], sub["seq"], sub["group_ranks"], sub["bytes"], sub["dtype"]) == (
+                "all_reduce", 1, [0, 1], 16, "float64")
+            assert sub["line"] == _line_of("# MARK-sub")
+        else:
+            assert subs == []
+        # the steps inside a collective are not recorded: only what the caller started
+        assert all(e["kind"] == "collective" or e["op"] in ("send", "recv") for e in rec)
+
+
+def test_point_to_point_entries_name_the_peer(job: tuple[list[dict[str, Any]], Path]) -> None:
+    results, _ = job
+    sent, = [e for e in results[0]["record"] if e["kind"] == "p2p"]
+    got, = [e for e in results[2]["record"] if e["kind"] == "p2p"]
+    assert (sent["op"], sent["peer"], sent["bytes"], sent["dtype"], sent["seq"]) == ("send", 2, 24, "int64", 1)
+    assert (got["op"], got["peer"], got["state"]) == ("recv", 0, "done")
+    assert sent["line"] == _line_of("# MARK-send") and got["line"] == _line_of("# MARK-recv")
+    assert not [e for e in results[1]["record"] if e["kind"] == "p2p"]
+
+
+def test_the_ring_is_bounded(job: tuple[list[dict[str, Any]], Path]) -> None:
+    results, _ = job
+    for res in results:
+        bounded = res["bounded"]
+        assert len(bounded) == RING
+        seqs = [e["seq"] for e in bounded if e["group_id"] == 0 and e["op"] == "all_reduce"]
+        assert seqs == sorted(seqs) and seqs[-1] == 3 + RING + 5  # the newest kept, in order
+        assert res["dump"]["ring_size"] == RING
+
+
+def test_the_dump_holds_stacks_and_the_report_sees_every_rank(job: tuple[list[dict[str, Any]], Path]) -> None:
+    results, _ = job
+    for rank, res in enumerate(results):
+        dump = res["dump"]
+        assert dump["rank"] == rank and dump["pid"] > 0
+        main, = [t for t in dump["stacks"] if t["main"]]
+        assert any(f["function"] == "recorder_checks" for f in main["frames"])
+        # every rank answered (a rank may already wait in the barrier that follows)
+        assert all(f"rank {r}: " in res["report"] for r in range(3))
+        assert "gave no record" not in res["report"]
+
+
+def test_python_m_procgroup_flight_reads_saved_dumps(job: tuple[list[dict[str, Any]], Path]) -> None:
+    _, out = job
+    res = subprocess.run([sys.executable, "-m", "procgroup", "flight", str(out)], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "3 dump(s), ranks [0, 1, 2]" in res.stdout
+    bad = out / "not-a-dump.json"
+    bad.write_text("[1, 2]")
+    res = subprocess.run([sys.executable, "-m", "procgroup", "flight", str(bad)], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert res.returncode == 2 and "not a procgroup flight dump" in res.stderr
