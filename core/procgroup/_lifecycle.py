@@ -69,7 +69,7 @@ def init_process_group(
         cls.check_settings(options)  # before the rendezvous: every rank refuses alike, none waits
         _logging.configure(cls.__module__.split(".")[0], lambda: getattr(getattr(_state.state, "world", None), "rank", None))
         rank_, size, the_store, master_addr, key = _meet(settings, cls)
-        st = _state.State(world=None, store=the_store, timeout=settings.timeout,  # type: ignore[arg-type]
+        st = _state.State(world=None, store=the_store, timeout=settings.timeout,  # type: ignore[arg-type]  # the world Group is set below, once its channel exists
                           master_addr=master_addr, options=dict(options or {}), job_key=key)
         ctx = _state.make_context(st, range(size), rank_, 0, "world", settings.timeout)
         try:
@@ -159,7 +159,7 @@ def _meet(settings: config.InitSettings, cls: type[DataChannel]) -> tuple[int, i
 
 def _launcher_decides(cls: type[DataChannel]) -> bool:
     """True for a backend whose own launcher may decide rank and size (overrides discover_world)."""
-    return getattr(cls.discover_world, "__func__", None) is not DataChannel.discover_world.__func__  # type: ignore[attr-defined]
+    return getattr(cls.discover_world, "__func__", None) is not DataChannel.discover_world.__func__  # type: ignore[attr-defined]  # a classmethod's function
 
 
 def _check_discovered(cls: type[DataChannel], settings: config.InitSettings, rank: int, size: int) -> None:
@@ -346,7 +346,7 @@ def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, ti
 
 def group_channel(group: Any = None, op: str = "group_channel") -> DataChannel:
     """The DataChannel of ``group`` (default: the world), for a backend's own calls
-    (nccl's *_multigpu, say); raises, naming ``op``, when this process is not a member."""
+    (nccl's ``*_multigpu``, say); raises, naming ``op``, when this process is not a member."""
     return _state.group_channel(group, op)
 
 

@@ -38,14 +38,12 @@ def revoke(group: Any = None) -> None:
     """Make every live member's pending and later ops on ``group`` fail promptly with
     GroupRevokedError. A local call: the other members hear of it over the group's own
     connections. Then shrink() the group to go on."""
-    g = _state.member(group, "revoke")
-    g.channel.revoke()  # type: ignore[union-attr]
+    _state.group_channel(group, "revoke").revoke()
 
 
 def failed_ranks(group: Any = None) -> tuple[int, ...]:
     """The ranks of ``group`` known dead here, in the group's numbering."""
-    g = _state.member(group, "failed_ranks")
-    return g.channel.failed_ranks()  # type: ignore[union-attr]
+    return _state.group_channel(group, "failed_ranks").failed_ranks()
 
 
 def agree(flag: bool, group: Any = None, timeout: Any = None) -> bool:
@@ -53,9 +51,8 @@ def agree(flag: bool, group: Any = None, timeout: Any = None) -> bool:
     even when a member dies during the call (ULFM's agreement). Collective."""
     if not isinstance(flag, (bool, int, np.bool_)):
         raise InvalidArgumentError(f"agree: flag must be a bool, got {type(flag).__name__}")
-    g = _state.member(group, "agree")
-    secs = _timeout(timeout)
-    return g.channel.agree(bool(flag), secs).value  # type: ignore[union-attr]
+    channel = _state.group_channel(group, "agree")
+    return channel.agree(bool(flag), _timeout(timeout)).value
 
 
 def _timeout(timeout: Any) -> float:
@@ -131,7 +128,7 @@ def shrink(group: Any = None, timeout: Any = None) -> Group:
     """
     st = _state.world()
     g = _state.member(group, "shrink")
-    old: DataChannel = g.channel  # type: ignore[assignment]
+    old = _state.group_channel(group, "shrink")
     secs = _timeout(timeout)
     deadline = time.monotonic() + secs
     host = _StoreHost(st)

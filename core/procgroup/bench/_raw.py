@@ -94,7 +94,7 @@ class RawPyglooVariant(Variant):
     label = "raw-pygloo"
 
     def __init__(self, rank: int, world_size: int, host: str, shared_dir: str, timeout: float) -> None:
-        import pygloo  # type: ignore[import-not-found, unused-ignore]
+        import pygloo
 
         self._pygloo = pygloo
         ctx = pygloo.rendezvous.Context(rank, world_size)

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 def torch_missing() -> str | None:
     """Why torch.distributed with gloo cannot be used here (None when it can)."""
     try:
-        import torch.distributed as dist  # type: ignore[import-not-found, unused-ignore]
+        import torch.distributed as dist
     except ImportError as exc:
         return (f"torch is not importable ({exc}); torch 2.13 CPU is installed for CPython 3.11 "
                 "by scripts/setup-bench-venv.sh (run procgroup-bench from .venv-bench)")
@@ -39,7 +39,7 @@ class TorchGlooVariant(Variant):
     def __init__(self, rank: int, world_size: int, host: str, timeout: float,
                  share: Callable[[Any], Any]) -> None:
         """``share(value)`` returns rank 0's ``value`` on every rank (the control group's broadcast)."""
-        import torch.distributed as dist  # type: ignore[import-not-found, unused-ignore]
+        import torch.distributed as dist
 
         if host.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
             os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo would pick the hostname's address
@@ -57,7 +57,7 @@ class TorchGlooVariant(Variant):
         return None  # torch raises for what gloo lacks; the sweep records it as n/a
 
     def prepare(self, op: str, b: Buffers, rank: int, world_size: int) -> Call:
-        import torch  # type: ignore[import-not-found, unused-ignore]
+        import torch
 
         dist = self._dist
         t = torch.from_numpy
