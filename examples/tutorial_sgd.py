@@ -26,7 +26,7 @@ def partition(rank: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     return x[rows], y[rows]
 
 
-def average_gradients(grad) -> None:  # type: ignore[no-untyped-def]
+def average_gradients(grad) -> None:  # type: ignore[no-untyped-def]  # the tutorial's functions stay untyped
     """Sum the gradient over all ranks, in place, and divide by their number."""
     dist.all_reduce(grad, op=dist.ReduceOp.SUM)
     grad /= dist.get_world_size()

@@ -99,13 +99,13 @@ def raises_like(remote_call, local_call, what: str) -> None:
     """The remote call raises NumPy's exception: same type and same message."""
     try:
         local_call()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - compared with the remote call's
         expected = exc
     else:
         raise AssertionError(f"{what}: NumPy itself did not raise")
     try:
         remote_call()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - compared with the remote call's
         assert type(exc) is type(expected), (what, type(exc), type(expected), str(exc))
         assert str(exc) == str(expected), (what, str(exc), str(expected))
     else:

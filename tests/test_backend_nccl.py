@@ -182,7 +182,7 @@ def test_reduce_plan_refusals_and_fallback() -> None:
     with pytest.raises(errors.UnsupportedOperationError, match="pairs"):
         reduce_plan("complex64", ReduceOp.PRODUCT)
     with pytest.raises(errors.UnsupportedOperationError, match="ReduceOp"):
-        reduce_plan("float32", "sum")  # type: ignore[arg-type]
+        reduce_plan("float32", "sum")  # type: ignore[arg-type]  # a bad argument on purpose
     old = reduce_plan("float32", ReduceOp.AVG, table=reduce_table(NCCL_AVG_MIN_VERSION - 1, names=True))
     assert (old.op, old.divide) == ("SUM", True)
     new = reduce_plan("complex128", ReduceOp.AVG, table=reduce_table(NCCL_AVG_MIN_VERSION, names=True))
@@ -293,8 +293,8 @@ class _FakeInflight:
         self.inner = Inflight(op, [], (), now + deadline_in, result=1)
         self.finish_at = None if finish_in is None else now + finish_in
         self.handed = 0
-        self.inner.done = self.done  # type: ignore[method-assign]
-        self.inner.hand_to_caller = self.hand  # type: ignore[method-assign]
+        self.inner.done = self.done  # type: ignore[method-assign]  # the test drives the clock
+        self.inner.hand_to_caller = self.hand  # type: ignore[method-assign]  # counts the hand-offs
 
     def done(self) -> bool:
         import time

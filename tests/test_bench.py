@@ -27,7 +27,7 @@ JOB_TIMEOUT = 240
 
 def _bench(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "procgroup.bench", *args], capture_output=True, text=True,
-                          check=False, timeout=JOB_TIMEOUT, stdin=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
+                          check=False, timeout=JOB_TIMEOUT, stdin=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]  # kwargs: subprocess.run's own
 
 
 @pytest.fixture(scope="module")

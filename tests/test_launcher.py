@@ -500,7 +500,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
     proc = subprocess.Popen(launcher_cmd("-n", "2", str(script), str(tmp_path)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_files([tmp_path / "pid0", tmp_path / "pid1"], proc)  # type: ignore[arg-type]
+        wait_for_files([tmp_path / "pid0", tmp_path / "pid1"], proc)  # type: ignore[arg-type]  # a Popen stands in for the launcher handle
         proc.kill()
         proc.wait(timeout=30)
     finally:
@@ -633,7 +633,7 @@ def test_mpi_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
     proc = subprocess.Popen(launcher_cmd("-n", "2", "--backend", "mpi", str(script), str(tmp_path)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_files([tmp_path / "pid0", tmp_path / "pid1"], proc)  # type: ignore[arg-type]
+        wait_for_files([tmp_path / "pid0", tmp_path / "pid1"], proc)  # type: ignore[arg-type]  # a Popen stands in for the launcher handle
         proc.kill()
         proc.wait(timeout=30)
     finally:

@@ -335,7 +335,7 @@ def test_register_init_method() -> None:
     with pytest.raises(InvalidArgumentError, match="^tcp://: is a built-in init method"):
         register_init_method("tcp", handler)
     with pytest.raises(InvalidArgumentError, match="must be callable"):
-        register_init_method("other", "not callable")  # type: ignore[arg-type]
+        register_init_method("other", "not callable")  # type: ignore[arg-type]  # a bad argument on purpose
 
 
 def test_plugin_init_method() -> None:

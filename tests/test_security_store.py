@@ -353,7 +353,7 @@ def test_huge_legal_timeouts_work(server):
     def waiter():
         try:
             got["v"] = c.get("late", timeout=5e8)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
             got["v"] = exc
 
     t = threading.Thread(target=waiter, daemon=True)

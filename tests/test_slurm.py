@@ -64,7 +64,7 @@ def test_master_port_rule() -> None:
     assert port({"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "4294967291"}) == 20000 + 234 * 10 + 9
     # every job id and step maps into 20000-29999; jobs 1 apart never share a port
     ports = {port({"SLURM_JOB_ID": str(j), "SLURM_STEP_ID": str(s)}) for j in range(1000) for s in range(10)}
-    assert len(ports) == 10000 and min(ports) == 20000 and max(ports) == 29999  # type: ignore[type-var]
+    assert len(ports) == 10000 and min(ports) == 20000 and max(ports) == 29999  # type: ignore[type-var]  # port() is int | None; None would fail the assert
 
 
 @pytest.mark.unit

@@ -45,7 +45,7 @@ def _peer_body(store: Store, name: str) -> None:
 
 def _open(kind: str, arg: object, prefix: str | None) -> Store:
     if kind == "tcp":
-        store: Store = TCPStore("127.0.0.1", int(arg), timeout=SAFE)  # type: ignore[arg-type]
+        store: Store = TCPStore("127.0.0.1", int(arg), timeout=SAFE)  # type: ignore[arg-type]  # arg is the port, an object in the shared fixture
     elif kind == "file":
         store = FileStore(str(arg), timeout=SAFE)
     else:
@@ -73,7 +73,7 @@ class _Setup:
         self.extra: list[Store] = []
         if kind == "tcp":
             self.base: Store = TCPStore("127.0.0.1", 0, is_master=True, timeout=SAFE)
-            self.arg: object = self.base.port  # type: ignore[attr-defined]
+            self.arg: object = self.base.port  # type: ignore[attr-defined]  # base is a TCPStore here
         elif kind == "file":
             self.base = FileStore(self.path, timeout=SAFE)
             self.arg = self.path
@@ -91,7 +91,7 @@ class _Setup:
                 try:
                     _peer_body(self.store, name)
                     results.put((name, "ok"))
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:  # noqa: BLE001 - reported to the test
                     results.put((name, f"{type(exc).__name__}: {exc}"))
 
             threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in names]
@@ -197,11 +197,11 @@ def _single_process_checks(store: Store, kind: str) -> None:
     store.timeout = old
     # bad input
     with pytest.raises(InvalidArgumentError, match="key must be str"):
-        store.set(3, b"x")  # type: ignore[arg-type]
+        store.set(3, b"x")  # type: ignore[arg-type]  # a bad argument on purpose
     with pytest.raises(InvalidArgumentError, match="bytes or str"):
-        store.set("k", 3)  # type: ignore[arg-type]
+        store.set("k", 3)  # type: ignore[arg-type]  # a bad argument on purpose
     with pytest.raises(InvalidArgumentError, match="sequence of str"):
-        store.wait("cs", SHORT)  # type: ignore[arg-type]
+        store.wait("cs", SHORT)  # type: ignore[arg-type]  # a bad argument on purpose
     with pytest.raises(InvalidArgumentError, match="timeout"):
         store.get("cs", timeout=-1)
 
@@ -228,7 +228,7 @@ def test_tcpstore_server_death_and_limits(tmp_path) -> None:
         try:
             client.get("never", timeout=SAFE)
             errors.put(None)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
             errors.put(exc)
 
     t = threading.Thread(target=blocked_get, daemon=True)
@@ -268,7 +268,7 @@ def test_tcpstore_server_death_and_limits(tmp_path) -> None:
         (dict(host="h", port=5, world_size=0), "world_size"),
     ]:
         with pytest.raises(InvalidArgumentError, match=msg):
-            TCPStore(**bad)  # type: ignore[arg-type]
+            TCPStore(**bad)  # type: ignore[arg-type]  # bad arguments on purpose
 
 
 def test_tcpstore_many_clients() -> None:
@@ -283,7 +283,7 @@ def test_tcpstore_many_clients() -> None:
         try:
             c.set(f"in/{i}", b"")
             results.put(c.get("release", SAFE) + str(i).encode())
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
             results.put(exc)
 
     threads = [threading.Thread(target=waiter, args=(c, i), daemon=True)
@@ -293,7 +293,7 @@ def test_tcpstore_many_clients() -> None:
     # while all n clients are parked in get(), the master is still served
     master.wait([f"in/{i}" for i in range(n)], SAFE)
     master.set("release", b"r")
-    got = sorted(results.get(timeout=SAFE) for _ in range(n))  # type: ignore[type-var]
+    got = sorted(results.get(timeout=SAFE) for _ in range(n))  # type: ignore[type-var]  # bytes, or the exception the assert shows
     assert got == sorted(b"r" + str(i).encode() for i in range(n))
     for c in clients:
         c.close()
@@ -345,4 +345,4 @@ def test_prefixstore_isolation() -> None:
     with pytest.raises(StoreError):
         a.get("k")
     with pytest.raises(InvalidArgumentError, match="procgroup Store"):
-        PrefixStore("x", object())  # type: ignore[arg-type]
+        PrefixStore("x", object())  # type: ignore[arg-type]  # a bad argument on purpose

@@ -380,7 +380,7 @@ def _threads(rank: int, size: int) -> bool:
                 pg.send(out, peer, tag=tag)
                 w.wait()
                 assert (into == tag * 1000 + i).all()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]

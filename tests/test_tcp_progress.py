@@ -206,7 +206,7 @@ def _frozen_while_read(rank: int, size: int) -> dict[str, Any]:
     with pytest.raises(pg.PeerError) as info:
         pg.recv(one, 2 if rank == 0 else 0)
     if rank == 0:
-        os.kill(pids[2], signal.SIGKILL)  # type: ignore[arg-type]
+        os.kill(pids[2], signal.SIGKILL)  # type: ignore[arg-type]  # pids came back as a list of ints
     return {"seconds": time.monotonic() - start, "ranks": tuple(info.value.ranks)}
 
 
