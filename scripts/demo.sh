@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/demo.sh [DEMO ARGS...]
-# The first run: install what the demo needs, the core and the tcp backend (with NumPy,
-# pluggy and pydantic; no torch, no other backend), into a small venv of its own,
+# The first run: install what the demo needs, the core and the tcp backend (with their
+# dependencies: NumPy, pluggy, pydantic; no torch, no other backend), into a venv of its own,
 # .venv-demo, then run the 4-rank demo on the default tcp backend: every collective once,
 # each rank printing what it got. The dev venvs (.venv313, .venv) are scripts/setup-dev.sh's.
 #
@@ -29,7 +29,7 @@ if [ ! -x "$venv/bin/procgroup-run" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wa
   pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check --no-warn-script-location --no-compile)
   # setuptools first, then the two editable installs build without an isolated build
   # env each (half the install time); --no-compile: imports compile what they use
-  if ! { "${pip[@]}" "setuptools>=77" numpy pluggy pydantic &&
+  if ! { "${pip[@]}" "setuptools>=77" &&
          "${pip[@]}" --no-build-isolation -e . -e backends/tcp; } >"$log" 2>&1; then
     cat "$log" >&2
     echo "procgroup demo: the install failed (the installer's messages are above, and in $log)" >&2

@@ -33,7 +33,7 @@ for ver in "${versions[@]}"; do
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
   pip=("$venv/bin/python" -m pip)
   "${pip[@]}" install -q --upgrade pip
-  "${pip[@]}" install -q -e ".[test]" -e backends/tcp
+  "${pip[@]}" install -q -e ".[test,docs]" -e backends/tcp
   # mpi brings the mpich wheel (a working mpiexec from pip alone). gloo has two engines:
   # pygloo, a dependency only where it has wheels (CPython 3.8-3.10, x86-64 Linux), and
   # torch's ProcessGroupGloo (the [torch] extra, every version): with both, the gloo tests

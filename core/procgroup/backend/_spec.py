@@ -62,7 +62,7 @@ class BackendSpec:
     #: group, so a stranger who reaches the backend's own transport cannot feed a pickle.
     authenticated: bool = False
     #: Extra public functions the plugin adds to ``procgroup`` (name -> function),
-    #: looked up when ``procgroup.<name>`` is not a core name (e.g. nccl's *_multigpu).
+    #: looked up when ``procgroup.<name>`` is not a core name (e.g. nccl's ``*_multigpu``).
     api: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     #: Filled in by the registry: the distribution that provides the plugin.
     distribution: str = field(default="", compare=False)
