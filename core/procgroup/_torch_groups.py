@@ -140,6 +140,28 @@ def _local_world_size() -> int:
     return int(raw)
 
 
+@torch_names()
+def is_backend_available(backend: str) -> bool:
+    """True when backend ``backend`` is installed and can run here (its spec's own check:
+    ``python -m procgroup info`` says why not)."""
+    from .plugins import backends  # the plugin registry, loaded on first use
+
+    spec = backends().get(str(backend).lower())
+    return spec is not None and spec.unavailable() is None
+
+
+def is_gloo_available() -> bool:
+    return is_backend_available("gloo")
+
+
+def is_mpi_available() -> bool:
+    return is_backend_available("mpi")
+
+
+def is_nccl_available() -> bool:
+    return is_backend_available("nccl")
+
+
 def is_torchelastic_launched() -> bool:
     """True when a torchrun-style launcher started this process (TORCHELASTIC_RUN_ID is
     set: torchrun and procgroup-run set it)."""
@@ -166,6 +188,10 @@ __all__ = [
     "get_node_local_rank",
     "get_process_group_ranks",
     "init_process_group",
+    "is_backend_available",
+    "is_gloo_available",
+    "is_mpi_available",
+    "is_nccl_available",
     "is_torchelastic_launched",
     "new_group",
     "new_subgroups",
