@@ -121,7 +121,7 @@ def cuda_info(array: Any, *, name: str = "array") -> CudaArrayInfo:
             import cupy
 
             cai = cupy.from_dlpack(array).__cuda_array_interface__
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any failure: CuPy cannot read it, said as such
             raise InvalidArrayError(f"{name}: CUDA DLPack tensor needs CuPy to read ({exc})") from None
     shape = tuple(int(s) for s in cai["shape"])
     dtype = np.dtype(cai["typestr"])

@@ -14,7 +14,8 @@ import importlib.metadata
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import pluggy
 
@@ -143,7 +144,7 @@ def register_backend(
         if not issubclass(channel, DataChannel):
             raise PluginError(f"register_backend({name!r}): {channel.__name__} is not a procgroup.DataChannel subclass")
         cls = channel
-        loader: Callable[[], type] = lambda: cls  # noqa: E731
+        loader: Callable[[], type] = lambda: cls  # noqa: E731 - a loader that closes over cls
     elif callable(channel):
         loader = channel
     else:

@@ -137,7 +137,7 @@ class MpiWork(Work):
     def _run_finish(self) -> None:
         finish, self._finish = self._finish, None
         try:
-            finish()  # type: ignore[misc]
+            finish()  # type: ignore[misc]  # set whenever _run_finish is scheduled
         except BaseException as exc:  # noqa: BLE001 - reported through wait()
             self._error = exc
 

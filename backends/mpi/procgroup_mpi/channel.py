@@ -80,7 +80,7 @@ class MpiChannel(DataChannel):
     launch_hint = "start the job with 'mpiexec -n {size} python ...' (mpiexec decides the ranks)"
 
     @property
-    def shrink_unsupported(self) -> str:  # type: ignore[override]
+    def shrink_unsupported(self) -> str:  # type: ignore[override]  # a property here, asked of MPI
         """Why revoke/agree/shrink are refused here, as this process's MPI library answers
         (:mod:`._ulfm`): ULFM does not work with the MPIs procgroup was tested with, and a
         death under mpiexec ends the whole job (docs/fault-tolerance.md, "mpi")."""

@@ -12,7 +12,7 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
-from typing import BinaryIO, Union
+from typing import BinaryIO
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class LockedStream:
                 pass
 
 
-Source = Union[BinaryIO, Callable[[], BinaryIO]]  # noqa: UP007
+Source = BinaryIO | Callable[[], BinaryIO]
 
 
 class Pump:
@@ -78,7 +78,7 @@ class Pump:
         self._prefix = prefix
         self._tail = tail
         # closed by the pump thread when the rank's output ends
-        self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115
+        self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115 - the pump thread closes it
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"pump{prefix!r}")
         self._thread.start()
 

@@ -170,7 +170,7 @@ class Supervisor(Spawning, Watching, Reporting):
                 except subprocess.TimeoutExpired:
                     logger.warning("mpiexec did not die after SIGKILL")
             for sig, handler in previous.items():
-                signal.signal(sig, handler)  # type: ignore[arg-type]
+                signal.signal(sig, handler)  # type: ignore[arg-type]  # getsignal's result, None included, goes back as it was
             if reservation is not None:
                 reservation.close()
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -177,8 +177,8 @@ class DataChannel(abc.ABC):
         self._run_cache: dict[str, Callable[..., Any]] = {}
         self._start_cache: dict[str, Callable[..., Any]] = {}
         # the caller-facing p2p calls, bound once: they are on every message's path
-        self.send = self.blocking("send")  # type: ignore[method-assign]
-        self.recv = self.blocking("recv")  # type: ignore[method-assign]
+        self.send = self.blocking("send")  # type: ignore[method-assign]  # bound once per channel
+        self.recv = self.blocking("recv")  # type: ignore[method-assign]  # bound once per channel
 
     # ------------------------------------------------------------ the caller's side
     def send(self, array: Any, dst: int, tag: int = 0) -> None:
@@ -523,7 +523,7 @@ class SubChannel(DataChannel):
         return self._parent.survives
 
     @property
-    def cancels_recv(self) -> bool:  # type: ignore[override]
+    def cancels_recv(self) -> bool:  # type: ignore[override]  # the parent's answer, read through
         return self._parent.cancels_recv
 
     def do_control_send(self, dst: int, payload: bytes) -> None:

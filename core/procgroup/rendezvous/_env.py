@@ -67,10 +67,10 @@ def _model() -> Any:
     fields.update({k: (rank, None) for k in _RANKS})
     fields.update({k: (size, None) for k in _SIZES})
     fields.update({k: (str | None, None) for k in _SLURM_TEXT})
-    return create_model(  # type: ignore[call-overload]
+    return create_model(  # type: ignore[call-overload]  # fields built at run time
         "RendezvousEnvModel",
         __config__=ConfigDict(extra="ignore", frozen=True, strict=False),
-        __validators__={"_no_spaces": field_validator(*_HOSTS)(classmethod(no_spaces))},  # type: ignore[dict-item]
+        __validators__={"_no_spaces": field_validator(*_HOSTS)(classmethod(no_spaces))},  # type: ignore[dict-item]  # pydantic's validator object
         **fields,
     )
 

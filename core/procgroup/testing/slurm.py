@@ -180,7 +180,7 @@ class SlurmCluster:
                 host, [*_with_host_cgroups(), _which("slurmd") or "slurmd", "-D", "-N",
                        host.hostname, "-f", str(self.conf)],
                 self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=open(self.dir / f"slurmd-{host.hostname}.out", "w")))  # noqa: SIM115
+                stderr=open(self.dir / f"slurmd-{host.hostname}.out", "w")))  # noqa: SIM115 - closed with the process
         self._wait_idle()
 
     def _start_munged(self) -> None:
