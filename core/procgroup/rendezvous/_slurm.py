@@ -89,10 +89,10 @@ def _expand_one(name: str) -> list[str]:
     close_at = name.index("]", open_at)
     head, body, tail = name[:open_at], name[open_at + 1:close_at], name[close_at + 1:]
     rest = _expand_one(tail)
-    hosts = [head + n + r for n in _expand_ranges(body) for r in rest]
-    if len(hosts) > MAX_HOSTS:
+    numbers = _expand_ranges(body)
+    if len(numbers) * len(rest) > MAX_HOSTS:  # counted before the product is built
         raise ValueError(f"more than {MAX_HOSTS} hosts")
-    return hosts
+    return [head + n + r for n in numbers for r in rest]
 
 
 def expand_hostlist(hostlist: str, variable: str = "the host list", where: str = "env://") -> list[str]:
