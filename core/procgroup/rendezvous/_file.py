@@ -21,7 +21,7 @@ import struct
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from procgroup.errors import InvalidArgumentError, StoreError, StoreTimeoutError
 

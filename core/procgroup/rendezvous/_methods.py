@@ -15,6 +15,7 @@ from procgroup import _auth
 from procgroup._settings import timeout_seconds
 from procgroup.errors import InvalidArgumentError, RendezvousError
 
+from . import _torchelastic
 from ._env import RendezvousEnv
 from ._file import FileStore
 from ._result import RendezvousResult, job_store, join
@@ -177,9 +178,38 @@ def env_rendezvous(
         )
     if port_src != "MASTER_PORT":
         logger.debug("env://: master %s:%d (port from %s)", addr, port, port_src)
+    environ_ = os.environ if environ is None else environ
+    if port_src == "MASTER_PORT" and _torchelastic.agent_store_in_use(environ_):
+        return _agent_store_rendezvous(addr, port, rank, world_size, group_name, timeout, token, environ_)
     return _tcp_store_rendezvous(
         scheme, addr, port, rank, world_size, group_name, timeout, token
     )
+
+
+def _agent_store_rendezvous(
+    agent_host: str, agent_port: int, rank: int, world_size: int, group_name: str,
+    timeout: float, token: str | bytes | None, environ: Mapping[str, str],
+) -> RendezvousResult:
+    """Under torchrun, whose agent's store holds MASTER_PORT: rank 0's store on a free port,
+    its address passed through the agent's store (:mod:`._torchelastic`)."""
+    from procgroup.backend import choose_address
+
+    deadline = time.monotonic() + timeout
+    agent = _torchelastic.AgentStore(agent_host, agent_port, timeout)
+    key = _torchelastic.address_key(environ, group_name)
+    if rank == 0:
+        host = choose_address(agent_host)
+
+        def announce(port: int) -> None:
+            agent.publish(key, host, port)
+            logger.debug("env://: torchrun's agent store holds MASTER_PORT; rank 0's store is at %s:%d",
+                         host, port)
+
+        return _tcp_store_rendezvous("env", host, 0, rank, world_size, group_name, timeout, token,
+                                     announce=announce, deadline=deadline)
+    host, port = agent.fetch(key)
+    return _tcp_store_rendezvous("env", host, port, rank, world_size, group_name,
+                                 max(deadline - time.monotonic(), 0.001), token, deadline=deadline)
 
 
 def tcp_rendezvous(
@@ -237,9 +267,12 @@ def tcp_rendezvous(
 
 def _tcp_store_rendezvous(
     scheme: str, host: str, port: int, rank: int, world_size: int, group_name: str,
-    timeout: float, token: str | bytes | None = None,
+    timeout: float, token: str | bytes | None = None, *,
+    announce: Callable[[int], None] | None = None, deadline: float | None = None,
 ) -> RendezvousResult:
-    deadline = time.monotonic() + timeout
+    """Rank 0 hosts a TCPStore at host:port (port 0: a free one, which ``announce`` is told),
+    the others connect; then every rank joins."""
+    deadline = time.monotonic() + timeout if deadline is None else deadline
     from procgroup.errors import StoreTimeoutError
 
     key = _auth.resolve_token(token, host, where=f"{scheme}://")
@@ -254,6 +287,12 @@ def _tcp_store_rendezvous(
             f"reach rank 0's store at {host}:{port} ({exc})",
             op="rendezvous", ranks=[0],
         ) from None
+    if announce is not None:
+        try:
+            announce(base.port)
+        except BaseException:
+            base.close()
+            raise
     return join(
         job_store(base, group_name), scheme + "://", rank, world_size, deadline, host,
         total_timeout=timeout, job_key=key,

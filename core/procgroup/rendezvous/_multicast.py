@@ -92,7 +92,7 @@ class _Channel:
     def recv(self) -> tuple[dict, str] | None:
         try:
             data, src = self.sock.recvfrom(65536)
-        except (socket.timeout, BlockingIOError, InterruptedError):
+        except (TimeoutError, BlockingIOError, InterruptedError):
             return None
         mac, body = data[:32], data[32:]
         if len(mac) != 32 or not hmac.compare_digest(mac, self._mac(body)):

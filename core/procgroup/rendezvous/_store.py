@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import logging
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from procgroup._settings import MAX_TIMEOUT_S
 from procgroup.errors import InvalidArgumentError, StoreError
@@ -144,7 +144,7 @@ class Store(abc.ABC):
         if closed:
             raise StoreError(f"{type(self).__name__} is closed")
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:

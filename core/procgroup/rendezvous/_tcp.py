@@ -6,7 +6,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from procgroup import _auth
 from procgroup.errors import (
@@ -197,7 +197,7 @@ class TCPStore(Store):
             sock.settimeout(wait + REPLY_GRACE if wait is not None else REPLY_GRACE * 6)
             sock.sendall(_wire.encode(op, fields))
             code, reply = _wire.recv_message(sock)
-        except socket.timeout:
+        except TimeoutError:
             self._lose(sock, f"TCPStore: server {self.host}:{self.port} did not answer "
                              f"{op.name} in time; connection dropped")
             raise StoreError(self._lost) from None

@@ -54,12 +54,12 @@ class _Violation(Exception):
 class _Conn:
     sock: socket.socket
     peer: str
-    handshake: "_auth.ServerHandshake | None"  # None once authenticated
+    handshake: _auth.ServerHandshake | None  # None once authenticated
     hs_deadline: float
     reader: _wire.FrameReader
     inbuf: bytearray = field(default_factory=bytearray)
     outbuf: bytearray = field(default_factory=bytearray)
-    waiting: "_Waiter | None" = None
+    waiting: _Waiter | None = None
     held: int = 0  # bytes of values this connection put in the store and still there
     closing: bool = False  # refused: close once the verdict is sent
     queue: list = field(default_factory=list)  # parsed requests behind a blocking one
@@ -193,7 +193,7 @@ class StoreServer:
                     else:
                         self._service_safely(key.data, mask)
                 self._expire()
-        except Exception:  # noqa: BLE001 - a server bug must not pass silently
+        except Exception:
             logger.exception("TCPStore server on port %d crashed", self.port)
         finally:
             self._shutdown()
@@ -250,7 +250,7 @@ class StoreServer:
     def _service_safely(self, conn: _Conn, mask: int) -> None:
         try:
             self._service(conn, mask)
-        except Exception:  # noqa: BLE001 - one client's request must never stop the server
+        except Exception:
             logger.exception("TCPStore: request from %s failed; closing that connection", conn.peer)
             self._drop(conn)
 

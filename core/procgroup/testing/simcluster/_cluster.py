@@ -153,7 +153,7 @@ class SimCluster:
         self.token = secrets.token_hex(16)
 
     # ----------------------------------------------------------------- life cycle
-    def __enter__(self) -> SimCluster:  # noqa: PYI034 (3.10 has no typing.Self)
+    def __enter__(self) -> SimCluster:
         try:
             self.start()
         except BaseException:
