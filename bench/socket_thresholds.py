@@ -32,9 +32,9 @@ def _parse_size(text: str) -> int:
 def _candidates(op: str, ch: object, arr: object, seg_sizes: list[int]) -> dict[str, Callable[[], None]]:
     import procgroup as pg
     from procgroup.algorithms import ring, tree
-    from procgroup_tcp import _algorithms
+    from procgroup.algorithms import pipelined
 
-    scratch = _algorithms.Scratch(1 << 30)
+    scratch = pipelined.Scratch(1 << 30)
     sum_ = pg.ReduceOp.SUM
     out: dict[str, Callable[[], None]] = {}
     if op == "all_reduce":
@@ -43,14 +43,14 @@ def _candidates(op: str, ch: object, arr: object, seg_sizes: list[int]) -> dict[
         for seg in seg_sizes:
 
             def run(seg: int = seg) -> None:
-                buf = scratch.get(_algorithms.scratch_bytes("ring_all_reduce", arr, ch.size))
-                _algorithms.ring_all_reduce(ch, arr, sum_, ch.next_collective_tag(), buf, seg)
+                buf = scratch.get(pipelined.scratch_bytes("pipelined_ring_all_reduce", arr, ch.size))
+                pipelined.pipelined_ring_all_reduce(ch, arr, sum_, ch.next_collective_tag(), buf, seg)
 
             out[f"pipelined ring, {seg >> 10} KiB segments"] = run
     elif op == "broadcast":
         out["binomial tree"] = lambda: tree.broadcast(ch, arr, 0, ch.next_collective_tag())
         for seg in seg_sizes:
-            out[f"chain, {seg >> 10} KiB segments"] = lambda seg=seg: _algorithms.chain_broadcast(
+            out[f"chain, {seg >> 10} KiB segments"] = lambda seg=seg: pipelined.pipelined_chain_broadcast(
                 ch, arr, 0, ch.next_collective_tag(), seg
             )
     elif op == "reduce":
@@ -59,7 +59,7 @@ def _candidates(op: str, ch: object, arr: object, seg_sizes: list[int]) -> dict[
 
             def run_reduce(seg: int = seg) -> None:
                 buf = scratch.get(arr.nbytes)
-                _algorithms.chain_reduce(ch, arr, 0, sum_, ch.next_collective_tag(), buf, seg)
+                pipelined.pipelined_chain_reduce(ch, arr, 0, sum_, ch.next_collective_tag(), buf, seg)
 
             out[f"chain, {seg >> 10} KiB segments"] = run_reduce
     else:

@@ -3,7 +3,7 @@
 Small arrays are latency-bound: the fewest rounds win (recursive doubling for
 all_reduce, the binomial tree for broadcast and reduce, from ``procgroup.algorithms``).
 Large arrays are bandwidth-bound: the segmented, pipelined ring and chains of
-``_algorithms`` move each byte the fewest times and overlap the network with the
+``procgroup.algorithms.pipelined`` move each byte the fewest times and overlap the network with the
 reduction. The crossover sizes below were measured with ``bench/socket_thresholds.py``
 (docs/performance.md has the tables that chose them); ``PROCGROUP_TCP_RING_MIN_BYTES``,
 ``PROCGROUP_TCP_CHAIN_MIN_BYTES`` and ``PROCGROUP_TCP_SEGMENT_BYTES`` override them.
@@ -15,11 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from procgroup.algorithms import ring, tree
+from procgroup.algorithms import pipelined, ring, tree
 from procgroup.backend import DataChannel, env_bytes
 from procgroup.ops import ReduceOp
 
-from . import _algorithms
 
 #: all_reduce of at least this many bytes takes the pipelined ring, smaller ones recursive
 #: doubling; by world size (the largest key not above the size applies). Measured: 2 ranks
@@ -68,7 +67,7 @@ class Plan:
         #: set by hand: every pipeline uses exactly this segment
         self.segment_fixed = seg is not None
         self.segment = seg or SEGMENT_BYTES
-        self.scratch = _algorithms.Scratch(SCRATCH_KEEP_BYTES)
+        self.scratch = pipelined.Scratch(SCRATCH_KEEP_BYTES)
 
     def use_ring(self, nbytes: int, size: int) -> bool:
         limit = self.ring_min if self.ring_min is not None else _by_size(RING_MIN_BYTES, size)
@@ -95,28 +94,26 @@ class Plan:
         return self.segment_for(size, nbytes, CHAIN_SEGMENTS_PER_HOP * (size - 1))
 
     # ---------------------------------------------------------------- the collectives
-    def all_reduce(self, ch: DataChannel, array: np.ndarray, op: ReduceOp) -> None:
-        tag = ch.next_collective_tag()
+    # each takes the collective's private tag, drawn by the dispatcher (``_dispatch``)
+    def all_reduce(self, ch: DataChannel, array: np.ndarray, op: ReduceOp, tag: int) -> None:
         if ch.size == 1 or array.size == 0:
             return
         if self.use_ring(array.nbytes, ch.size):
-            scratch = self.scratch.get(_algorithms.scratch_bytes("ring_all_reduce", array, ch.size))
-            _algorithms.ring_all_reduce(ch, array, op, tag, scratch, self.ring_segment(array.nbytes, ch.size))
+            scratch = self.scratch.get(pipelined.scratch_bytes("pipelined_ring_all_reduce", array, ch.size))
+            pipelined.pipelined_ring_all_reduce(ch, array, op, tag, scratch, self.ring_segment(array.nbytes, ch.size))
         else:
             ring.recursive_doubling_all_reduce(ch, array, op, tag)
 
-    def broadcast(self, ch: DataChannel, array: np.ndarray, src: int) -> None:
-        tag = ch.next_collective_tag()
+    def broadcast(self, ch: DataChannel, array: np.ndarray, src: int, tag: int) -> None:
         if self.use_chain(BROADCAST_CHAIN_MIN_BYTES, array.nbytes, ch.size):
-            _algorithms.chain_broadcast(ch, array, src, tag, self.chain_segment(array.nbytes, ch.size))
+            pipelined.pipelined_chain_broadcast(ch, array, src, tag, self.chain_segment(array.nbytes, ch.size))
         else:
             tree.broadcast(ch, array, src, tag)
 
-    def reduce(self, ch: DataChannel, array: np.ndarray, dst: int, op: ReduceOp) -> None:
-        tag = ch.next_collective_tag()
+    def reduce(self, ch: DataChannel, array: np.ndarray, dst: int, op: ReduceOp, tag: int) -> None:
         if self.use_chain(REDUCE_CHAIN_MIN_BYTES, array.nbytes, ch.size):
-            scratch = self.scratch.get(_algorithms.scratch_bytes("chain_reduce", array, ch.size))
-            _algorithms.chain_reduce(ch, array, dst, op, tag, scratch, self.chain_segment(array.nbytes, ch.size))
+            scratch = self.scratch.get(pipelined.scratch_bytes("pipelined_chain_reduce", array, ch.size))
+            pipelined.pipelined_chain_reduce(ch, array, dst, op, tag, scratch, self.chain_segment(array.nbytes, ch.size))
         else:
             tree.reduce(ch, array, dst, op, tag)
 

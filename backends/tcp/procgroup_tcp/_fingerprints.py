@@ -1,8 +1,9 @@
 """Fingerprinted collectives over the sockets: every frame says which op sent it.
 
-A collective run over point-to-point (the base's algorithms, the pipelined ring)
-registers its fingerprint under its collective tag in a registry its channel shares
-with the root TcpChannel. Sends of that tag carry the fingerprint in the frame
+A collective run over point-to-point (the base's algorithms, the pipelined ring) is
+started by its dispatcher (``_dispatch``) as a :class:`Collective`: the tag it draws and
+its fingerprint, registered under that tag in the :class:`Ledger` its channel shares
+with the root TcpChannel, and handed to the algorithm as a value. Sends of that tag carry the fingerprint in the frame
 header; the receiving channel compares it with its own for the tag (when the frame
 arrives, or when a receive takes it off the unexpected queue), so ranks that
 disagree get a MismatchError, never wrong data. A 0-byte collective, which the
@@ -21,14 +22,14 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from procgroup.algorithms import direct
 from procgroup.backend import Fingerprint
 from procgroup.errors import MismatchError
 from procgroup.ops import ReduceOp
 
-__all__ = ["DONE_TAGS", "Fingerprinted", "Ledger"]
+__all__ = ["DONE_TAGS", "NO_ROOT", "Collective", "Fingerprints", "Ledger"]
 
 NO_ROOT = -1  # procgroup.backend.Fingerprint's "no root"
 #: how many finished collectives a transport remembers (a frame for one of them is a mismatch)
@@ -104,66 +105,35 @@ def _earlier(exc: BaseException, fp: bytes) -> BaseException:
                          f"disagreed, found after this rank's part of it had returned: {exc}", ranks=ranks)
 
 
-class Fingerprinted:
-    """Mixin of TcpChannel and its sub-channels: ``_fingerprinted`` runs a collective
-    with its fingerprint registered under the tag it draws (``next_collective_tag``)."""
+@dataclass(frozen=True)
+class Collective:
+    """One collective over the sockets as its dispatcher starts it: the private ``tag``
+    its frames carry and its packed fingerprint ``fp`` (registered under ``tag`` in the
+    :class:`Ledger`'s ``active`` table while it runs). Handed to the algorithm as a value."""
 
-    #: the frames carry fingerprints: PROCGROUP_DEBUG=DETAIL needs no exchange of its own
-    checks_agreement = True
-    _fps: dict[int, bytes]
-    _ledger: Ledger
-    _fp_seq: int = 0
-    _pending_fp: bytes | None = None
-    _active_tag: int = -1
-    _fp_cache: dict[tuple[Any, ...], bytes]
+    tag: int
+    fp: bytes
 
-    def _init_fingerprints(self, ledger: Ledger) -> None:
-        self._ledger = ledger
-        self._fps = ledger.active
-        self._fp_cache = {}
 
-    def _fingerprint(self, op: str, array: Any, root: int, reduce_op: ReduceOp | None) -> bytes:
-        """The packed fingerprint of this channel's next collective (cached but for ``seq``)."""
+class Fingerprints:
+    """The fingerprints of one channel's collectives: packs each (cached but for its
+    sequence number, which counts this channel's collectives)."""
+
+    def __init__(self) -> None:
+        self._seq = 0
+        self._cache: dict[tuple[Any, ...], bytes] = {}
+
+    def next(self, op: str, array: Any, root: int, reduce_op: ReduceOp | None) -> bytes:
+        """The packed fingerprint of this channel's next collective."""
         if array is None:
             key: tuple[Any, ...] = (op, None, 0, root, reduce_op)
         else:
             key = (op, array.dtype, array.nbytes, root, reduce_op)
-        packed = self._fp_cache.get(key)
+        packed = self._cache.get(key)
         if packed is None:
-            if len(self._fp_cache) >= 1024:
-                self._fp_cache.clear()
-            packed = self._fp_cache[key] = Fingerprint.of(op, 0, array, root=root, reduce_op=reduce_op).pack()
-        seq = self._fp_seq
-        self._fp_seq = seq + 1
+            if len(self._cache) >= 1024:
+                self._cache.clear()
+            packed = self._cache[key] = Fingerprint.of(op, 0, array, root=root, reduce_op=reduce_op).pack()
+        seq = self._seq
+        self._seq = seq + 1
         return packed[:8] + (seq & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little") + packed[16:]
-
-    def next_collective_tag(self) -> int:
-        tag: int = super().next_collective_tag()  # type: ignore[misc]
-        fp = self._pending_fp
-        if fp is not None:
-            self._pending_fp = None
-            self._fps[tag] = fp
-            self._active_tag = tag
-        return tag
-
-    def _fingerprinted(self, op: str, array: Any, fn: Callable[..., None], *args: Any,
-                       root: int = NO_ROOT, reduce_op: ReduceOp | None = None) -> None:
-        """Run ``fn(*args)`` (a collective over the sockets) under its fingerprint; raise
-        the mismatch found as it ends, or one of an earlier collective of this group."""
-        fp = self._pending_fp = self._fingerprint(op, array, root, reduce_op)
-        self._active_tag = -1
-        try:
-            if self.size > 1 and (array is None or array.nbytes == 0):  # type: ignore[attr-defined]
-                direct.barrier(self, self.next_collective_tag())  # type: ignore[arg-type]
-            else:
-                fn(*args)
-        except BaseException:
-            self._fps.pop(self._active_tag, None)  # a failed collective is not remembered
-            raise
-        finally:
-            self._pending_fp = None
-        tag = self._active_tag
-        if tag >= 0:
-            exc = self._ledger.finished(tag, fp, self.ctx.group_id)  # type: ignore[attr-defined]
-            if exc is not None:
-                raise exc

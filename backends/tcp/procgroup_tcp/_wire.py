@@ -108,7 +108,7 @@ def dtype_of(code: bytes) -> np.dtype | bytes:
     """The dtype a frame's code names (the raw code if it names none, for messages)."""
     try:
         return np.dtype(code.decode())
-    except (TypeError, ValueError, UnicodeDecodeError):
+    except (TypeError, ValueError, SyntaxError):  # SyntaxError: numpy parses "," as a record spec
         return code
 
 

@@ -1,10 +1,12 @@
 """TcpChannel: procgroup's default DataChannel, over one TCP connection per peer pair.
 
 It composes the layers below it: ``_conn`` (the mesh and one Peer per remote rank),
-``_match`` (posted receives and the unexpected queue), ``_shm`` (collectives in shared
-memory when every rank is on this host), ``_p2p`` (point-to-point in shared memory
-with each peer on this host) and ``_collectives`` (which algorithm runs a collective
-over the sockets, by size and world size; the pipelines are in ``_algorithms``). It is
+``_match`` (posted receives and the unexpected queue, waiting through the one progress
+strategy of ``_strategies``), ``_shm`` (collectives in shared memory when every rank is
+on this host), ``_p2p`` (point-to-point in shared memory with each peer on this host),
+``_dispatch`` (the collective dispatchers, shared with TcpSubChannel) and
+``_collectives`` (which algorithm runs a collective over the sockets, by size and world
+size; the pipelines are ``procgroup.algorithms.pipelined``). It is
 the Peers' :class:`~procgroup_tcp._conn.PeerEvents`: frames land
 through the matcher, and a peer lost without a goodbye breaks the channel
 (:meth:`~procgroup.backend.DataChannel.fail`): every pending and later call raises
@@ -46,11 +48,10 @@ from procgroup.backend import (
     mismatch,
 )
 from procgroup.errors import ChannelClosedError, PeerError
-from procgroup.ops import ReduceOp
 
-from ._collectives import Plan
 from ._conn import Peer, PeerEvents, connect_mesh, left_error
-from ._fingerprints import Fingerprinted, Ledger
+from ._dispatch import TcpCollectives
+from ._fingerprints import Ledger
 from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._p2p import OutLink, ShmP2P, open_p2p
@@ -80,7 +81,7 @@ INLINE_SEND_BYTES = 256 * 1024
 DIRECT_RECV_BYTES = 64 * 1024
 
 
-class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
+class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
     """The tcp backend's communicator; see the module docstring for the layers."""
 
     backend_name = "tcp"
@@ -88,7 +89,7 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
 
     def __init__(self, ctx: ChannelContext) -> None:
         super().__init__(ctx)
-        self._init_fingerprints(Ledger())
+        self._init_collectives(Ledger())
         self._ledger.check_end = self._collective_ended
         self._peers: dict[int, Peer] = {}
         self._shm: SharedMemoryArena | None = None
@@ -96,7 +97,6 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         self._p2p: ShmP2P | None = None
         self._shm_out: dict[int, OutLink] = {}  # same-host peers whose messages go through shared memory
         self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post, self._probe)
-        self._plan = Plan()  # which algorithm runs a collective over the sockets
         self._heartbeat: Heartbeat | None = None
         self._engine = Engine()  # who reads the sockets: waiting callers, else reader threads
         self._direct = False
@@ -460,64 +460,8 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
         return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatched)
 
     # ---------------------------------------------------------------- collectives
-    # Ranks on one host use the shared-memory arena (which compares the ranks' op
-    # descriptions first); otherwise the collective runs over the sockets under the op's
-    # fingerprint, all_reduce, broadcast and reduce with the algorithm ``_plan`` picks by
-    # size and world size (recursive doubling or tree when small, pipelined ring or chain
-    # when large), the others with the base's algorithms.
-    def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
-        shm = self._shm
-        if shm is not None:  # the latency-critical case, dispatched first
-            shm.all_reduce(array, op)
-        else:
-            self._fingerprinted("all_reduce", array, self._plan.all_reduce, self, array, op, reduce_op=op)
-
-    def do_broadcast(self, array: Any, src: int) -> None:
-        if self._shm is None:
-            self._fingerprinted("broadcast", array, self._plan.broadcast, self, array, src, root=src)
-        else:
-            self._shm.broadcast(array, src)
-
-    def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
-        if self._shm is None:
-            self._fingerprinted("reduce", array, self._plan.reduce, self, array, dst, op, root=dst, reduce_op=op)
-        else:
-            self._shm.reduce(array, dst, op)
-
-    def do_all_gather(self, output_list: Sequence[Any], array: Any) -> None:
-        if self._shm is None:
-            self._fingerprinted("all_gather", array, super().do_all_gather, output_list, array)
-        else:
-            self._shm.all_gather(list(output_list), array)
-
-    def do_gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
-        if self._shm is not None:
-            self._shm.agree("gather", array, dst)
-        self._fingerprinted("gather", array, super().do_gather, array, gather_list, dst, root=dst)
-
-    def do_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
-        if self._shm is not None:
-            self._shm.agree("scatter", array, src)
-        self._fingerprinted("scatter", array, super().do_scatter, array, scatter_list, src, root=src)
-
-    def do_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
-        if self._shm is None:
-            self._fingerprinted("reduce_scatter", output, super().do_reduce_scatter, output, input_list, op,
-                                reduce_op=op)
-        else:
-            self._shm.reduce_scatter(output, list(input_list), op)
-
-    def do_all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> None:
-        if self._shm is None:
-            self._fingerprinted("all_to_all", input_list[0], super().do_all_to_all, output_list, input_list)
-        else:
-            self._shm.all_to_all(list(output_list), list(input_list))
-
-    def do_barrier(self) -> None:
-        if self._shm is None:
-            self._fingerprinted("barrier", None, super().do_barrier)
-        else:
-            self._shm.agree("barrier", None)
+    # The nine dispatchers are TcpCollectives' (``_dispatch``), shared with TcpSubChannel:
+    # the shared-memory arena when it is open, else the sockets under each op's fingerprint.
 
     # ---------------------------------------------------------------- groups
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
@@ -545,48 +489,20 @@ class TcpChannel(Fingerprinted, DataChannel, PeerEvents):
             self._p2p.close()
 
 
-class TcpSubChannel(Fingerprinted, SubChannel):
-    """A group on its parent's sockets; its collectives register their fingerprints in
-    the root channel's registry, which the root's receive path compares."""
+class TcpSubChannel(TcpCollectives, SubChannel):
+    """A group on its parent's sockets; its collectives (the same dispatchers as the
+    root's, never in the arena) register their fingerprints in the root channel's
+    ledger, which the root's receive path compares."""
 
     def __init__(self, parent: DataChannel, ranks: Sequence[int], ctx: ChannelContext) -> None:
         super().__init__(parent, ranks, ctx)
-        self._init_fingerprints(parent._ledger)  # type: ignore[attr-defined]
-        self._plan = Plan()
+        self._init_collectives(parent._ledger)  # type: ignore[attr-defined]  # a TcpChannel or TcpSubChannel
 
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
         return TcpSubChannel(self, ranks, ctx)
 
-    def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
-        self._fingerprinted("all_reduce", array, self._plan.all_reduce, self, array, op, reduce_op=op)
-
-    def do_broadcast(self, array: Any, src: int) -> None:
-        self._fingerprinted("broadcast", array, self._plan.broadcast, self, array, src, root=src)
-
-    def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
-        self._fingerprinted("reduce", array, self._plan.reduce, self, array, dst, op, root=dst, reduce_op=op)
-
     def do_close(self) -> None:
         self._plan.scratch.release()
-
-    def do_all_gather(self, output_list: Sequence[Any], array: Any) -> None:
-        self._fingerprinted("all_gather", array, super().do_all_gather, output_list, array)
-
-    def do_gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
-        self._fingerprinted("gather", array, super().do_gather, array, gather_list, dst, root=dst)
-
-    def do_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
-        self._fingerprinted("scatter", array, super().do_scatter, array, scatter_list, src, root=src)
-
-    def do_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
-        self._fingerprinted("reduce_scatter", output, super().do_reduce_scatter, output, input_list, op,
-                            reduce_op=op)
-
-    def do_all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> None:
-        self._fingerprinted("all_to_all", input_list[0], super().do_all_to_all, output_list, input_list)
-
-    def do_barrier(self) -> None:
-        self._fingerprinted("barrier", None, super().do_barrier)
 
 
 __all__ = ["DIRECT_RECV_BYTES", "INLINE_SEND_BYTES", "TcpChannel", "TcpSubChannel"]

@@ -1,4 +1,4 @@
-"""Segmented, pipelined collectives for large arrays over the sockets.
+"""Segmented, pipelined collectives for large arrays (tcp runs them over its sockets).
 
 Built on a channel's public point-to-point calls only (``send``/``irecv``), so any
 channel with those runs them. Each array is cut into segments of ``seg_bytes``; a
@@ -11,7 +11,8 @@ per call); its size is given by :func:`scratch_bytes`.
 
 Every function is deterministic across ranks: each element of an all_reduce is
 reduced in one fixed order and the result is then copied, so every rank gets the
-same bits. Which algorithm runs at which size is decided in ``_collectives``.
+same bits. Which algorithm runs at which size is the backend's choice (tcp: its
+``_collectives``).
 """
 
 from __future__ import annotations
@@ -40,14 +41,14 @@ def _typed(scratch: np.ndarray, dtype: np.dtype, count: int, offset: int = 0) ->
 
 def scratch_bytes(algorithm: str, array: np.ndarray, size: int) -> int:
     """Bytes of scratch ``algorithm`` needs for ``array`` on ``size`` ranks."""
-    if algorithm == "ring_all_reduce":
+    if algorithm == "pipelined_ring_all_reduce":
         return 2 * (-(-array.size // size)) * array.itemsize  # two steps in flight
-    if algorithm == "chain_reduce":
+    if algorithm == "pipelined_chain_reduce":
         return array.nbytes
     return 0
 
 
-def ring_all_reduce(
+def pipelined_ring_all_reduce(
     ch: DataChannel, array: np.ndarray, op: ReduceOp, tag: int, scratch: np.ndarray, seg_bytes: int
 ) -> None:
     """Reduce-scatter then all-gather around the ring, streamed segment by segment.
@@ -122,7 +123,7 @@ class _Pump:
             send(queue.popleft(), self.dst, self.tag)
 
 
-def chain_broadcast(ch: DataChannel, array: np.ndarray, src: int, tag: int, seg_bytes: int) -> None:
+def pipelined_chain_broadcast(ch: DataChannel, array: np.ndarray, src: int, tag: int, seg_bytes: int) -> None:
     """``src``'s array down the chain src, src+1, ...; each rank forwards a segment as it lands.
 
     Every rank receives and sends the array once: the time is about one array's transfer
@@ -144,7 +145,7 @@ def chain_broadcast(ch: DataChannel, array: np.ndarray, src: int, tag: int, seg_
     pump.drain()
 
 
-def chain_reduce(
+def pipelined_chain_reduce(
     ch: DataChannel, array: np.ndarray, dst: int, op: ReduceOp, tag: int, scratch: np.ndarray, seg_bytes: int
 ) -> None:
     """Reduce toward ``dst`` along the chain dst+n-1 -> ... -> dst+1 -> dst, segment by segment.
@@ -198,4 +199,11 @@ class Scratch:
         self._buf = None
 
 
-__all__ = ["Scratch", "chain_broadcast", "chain_reduce", "ring_all_reduce", "scratch_bytes", "segments"]
+__all__ = [
+    "Scratch",
+    "pipelined_chain_broadcast",
+    "pipelined_chain_reduce",
+    "pipelined_ring_all_reduce",
+    "scratch_bytes",
+    "segments",
+]

@@ -62,7 +62,7 @@ class Fingerprint:
         """In words, for error messages: ``all_reduce #7 of 16 bytes of float32 with SUM``."""
         try:
             dtype = str(np.dtype(self.dtype))
-        except TypeError:
+        except (TypeError, ValueError, SyntaxError):  # a peer's code; numpy parses "," as a record spec
             dtype = repr(self.dtype)
         parts = [f"{self.op} #{self.seq} of {self.nbytes} bytes of {dtype}"]
         if self.root != NO_ROOT:

@@ -1,0 +1,138 @@
+"""The collectives of TcpChannel and TcpSubChannel, written once.
+
+Each dispatcher runs its collective in the shared-memory arena when the channel has one
+(only a root TcpChannel whose ranks are all on this host), else over the sockets:
+
+1. :meth:`TcpCollectives._start` draws the collective's private tag, packs its
+   fingerprint and registers it under that tag (the receive path compares it with every
+   frame of the tag): a :class:`~procgroup_tcp._fingerprints.Collective` value;
+2. the algorithm runs with that tag (``procgroup.algorithms``, or ``_collectives.Plan``
+   for the ops it picks by size); a 0-byte collective, which the algorithms would skip,
+   runs a barrier under its fingerprint instead, so a 0-byte vs non-0 disagreement is
+   found too;
+3. :meth:`TcpCollectives._end` takes the tag off the table and raises the mismatch
+   found as it ran, or one of an earlier collective of this group (``Ledger.finished``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from procgroup.algorithms import direct, ring
+from procgroup.ops import ReduceOp
+
+from ._collectives import Plan
+from ._fingerprints import NO_ROOT, Collective, Fingerprints, Ledger
+
+if TYPE_CHECKING:
+    from procgroup.backend import ChannelContext
+
+    from ._shm import SharedMemoryArena
+
+__all__ = ["TcpCollectives"]
+
+
+class TcpCollectives:
+    """Mixin of TcpChannel and TcpSubChannel, ahead of DataChannel in their MRO: the
+    nine collective dispatchers. Its users set ``_shm`` (the arena, or None) and call
+    :meth:`_init_collectives` with the transport's ledger."""
+
+    #: the frames carry fingerprints: PROCGROUP_DEBUG=DETAIL needs no exchange of its own
+    checks_agreement = True
+    #: the shared-memory arena (a root channel with every rank on this host), else None
+    _shm: SharedMemoryArena | None = None
+    ctx: ChannelContext
+    size: int
+
+    def _init_collectives(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._fps = ledger.active  # tag -> fingerprint of each running collective
+        self._fingerprints = Fingerprints()
+        self._plan = Plan()  # which algorithm runs a collective over the sockets
+
+    if TYPE_CHECKING:
+        def next_collective_tag(self) -> int: ...  # DataChannel's
+
+    # ---------------------------------------------------------------- one collective
+    def _start(self, op: str, array: Any, root: int = NO_ROOT, reduce_op: ReduceOp | None = None) -> Collective:
+        call = Collective(self.next_collective_tag(), self._fingerprints.next(op, array, root, reduce_op))
+        self._fps[call.tag] = call.fp
+        return call
+
+    def _run(self, call: Collective, array: Any, algorithm: Callable[..., None], *args: Any) -> None:
+        """Run ``algorithm(*args)`` (its args hold ``call.tag``) under ``call``; see the module."""
+        try:
+            if self.size > 1 and (array is None or array.nbytes == 0):
+                direct.barrier(self, call.tag)  # type: ignore[arg-type]  # a DataChannel by the MRO
+            else:
+                algorithm(*args)
+        except BaseException:
+            self._fps.pop(call.tag, None)  # a failed collective is not remembered
+            raise
+        exc = self._ledger.finished(call.tag, call.fp, self.ctx.group_id)
+        if exc is not None:
+            raise exc
+
+    # ---------------------------------------------------------------- the dispatchers
+    def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
+        shm = self._shm
+        if shm is not None:  # the latency-critical case, dispatched first
+            shm.all_reduce(array, op)
+            return
+        call = self._start("all_reduce", array, reduce_op=op)
+        self._run(call, array, self._plan.all_reduce, self, array, op, call.tag)
+
+    def do_broadcast(self, array: Any, src: int) -> None:
+        if self._shm is not None:
+            self._shm.broadcast(array, src)
+            return
+        call = self._start("broadcast", array, root=src)
+        self._run(call, array, self._plan.broadcast, self, array, src, call.tag)
+
+    def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
+        if self._shm is not None:
+            self._shm.reduce(array, dst, op)
+            return
+        call = self._start("reduce", array, root=dst, reduce_op=op)
+        self._run(call, array, self._plan.reduce, self, array, dst, op, call.tag)
+
+    def do_all_gather(self, output_list: Sequence[Any], array: Any) -> None:
+        if self._shm is not None:
+            self._shm.all_gather(list(output_list), array)
+            return
+        call = self._start("all_gather", array)
+        self._run(call, array, ring.all_gather, self, output_list, array, call.tag)
+
+    def do_gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
+        if self._shm is not None:  # the arena compares the ranks' calls; the data goes by p2p
+            self._shm.agree("gather", array, dst)
+        call = self._start("gather", array, root=dst)
+        self._run(call, array, direct.gather, self, array, gather_list, dst, call.tag)
+
+    def do_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
+        if self._shm is not None:
+            self._shm.agree("scatter", array, src)
+        call = self._start("scatter", array, root=src)
+        self._run(call, array, direct.scatter, self, array, scatter_list, src, call.tag)
+
+    def do_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
+        if self._shm is not None:
+            self._shm.reduce_scatter(output, list(input_list), op)
+            return
+        call = self._start("reduce_scatter", output, reduce_op=op)
+        self._run(call, output, ring.reduce_scatter, self, output, input_list, op, call.tag)
+
+    def do_all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> None:
+        if self._shm is not None:
+            self._shm.all_to_all(list(output_list), list(input_list))
+            return
+        call = self._start("all_to_all", input_list[0])
+        self._run(call, input_list[0], direct.all_to_all, self, output_list, input_list, call.tag)
+
+    def do_barrier(self) -> None:
+        if self._shm is not None:
+            self._shm.agree("barrier", None)
+            return
+        call = self._start("barrier", None)
+        self._run(call, None, direct.barrier, self, call.tag)
