@@ -16,7 +16,7 @@ from . import _auth, _logging, _ops, _state, config
 from ._settings import timeout_seconds
 from .backend import DataChannel
 from .errors import AlreadyInitializedError, CommTimeoutError, InvalidArgumentError, NotInitializedError
-from .groups import Group, GroupMember
+from .groups import Group, GroupArg
 from .plugins import backends, load_channel_class
 
 log = logging.getLogger(__name__)
@@ -221,14 +221,15 @@ def _after_init_hooks() -> None:
     maybe_create_local_group_from_env()
 
 
-def destroy_process_group(group: Any = None) -> None:
+def destroy_process_group(group: GroupArg = None) -> None:
     """Close ``group``'s channel, or every channel and the Store when no group is given."""
     with _state.lock:
         st = _state.state
         if st is None:
             return
-        if group is not None and group is not GroupMember.WORLD and group is not st.world:
-            _close_group(group)
+        target = _state.resolve(group)  # None, group.WORLD and 0 are the world
+        if target is not st.world:
+            _close_group(target)
             return
         for hook in list(_state.teardown_hooks):
             try:
@@ -275,22 +276,22 @@ def is_available() -> bool:
     return bool(backends())
 
 
-def get_rank(group: Any = None) -> int:
+def get_rank(group: GroupArg = None) -> int:
     """This process's rank in ``group`` (-1 when not a member)."""
     return _state.resolve(group).rank
 
 
-def get_world_size(group: Any = None) -> int:
+def get_world_size(group: GroupArg = None) -> int:
     """The number of ranks in ``group`` (default: the world)."""
     return _state.resolve(group).size
 
 
-def get_num_processes(group: Any = None) -> int:
+def get_num_processes(group: GroupArg = None) -> int:
     """The design note's (and the 2017 module's) name for :func:`get_world_size`."""
     return get_world_size(group)
 
 
-def get_backend(group: Any = None) -> str:
+def get_backend(group: GroupArg = None) -> str:
     return _state.resolve(group).backend
 
 
@@ -344,7 +345,7 @@ def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, ti
     return g
 
 
-def group_channel(group: Any = None, op: str = "group_channel") -> DataChannel:
+def group_channel(group: GroupArg = None, op: str = "group_channel") -> DataChannel:
     """The DataChannel of ``group`` (default: the world), for a backend's own calls
     (nccl's ``*_multigpu``, say); raises, naming ``op``, when this process is not a member."""
     return _state.group_channel(group, op)

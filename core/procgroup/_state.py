@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from . import arrays
 from .backend import BackendSpec, ChannelContext, DataChannel
 from .errors import BackendNotFoundError, GroupRevokedError, InvalidArgumentError, NotInitializedError
-from .groups import Group, GroupMember
+from .groups import Group, GroupArg, GroupMember
 from .plugins import load_channel_class, side_channel_spec
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def world() -> State:
     return state
 
 
-def resolve(group: Any) -> Group:
+def resolve(group: GroupArg) -> Group:
     """The Group for ``group`` (None or group.WORLD: the world)."""
     st = world()
     if group is None or group is GroupMember.WORLD:
@@ -66,7 +67,7 @@ def resolve(group: Any) -> Group:
                                f"(0 is the world), got {group!r}")
 
 
-def member(group: Any, op: str) -> Group:
+def member(group: GroupArg, op: str) -> Group:
     """The Group for ``group``, which this process belongs to and which is still open."""
     g = resolve(group)
     if not g.is_member:
@@ -78,7 +79,7 @@ def member(group: Any, op: str) -> Group:
     return g
 
 
-def group_channel(group: Any = None, op: str = "group_channel") -> DataChannel:
+def group_channel(group: GroupArg = None, op: str = "group_channel") -> DataChannel:
     """The DataChannel of ``group`` (default: the world), for backend-specific calls."""
     channel = member(group, op).channel
     assert channel is not None  # member() checked

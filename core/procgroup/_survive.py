@@ -28,25 +28,25 @@ from .errors import (
     ProcGroupError,
     StoreTimeoutError,
 )
-from .groups import Group
+from .groups import Group, GroupArg
 from .rendezvous import PrefixStore, Store
 
 log = logging.getLogger(__name__)
 
 
-def revoke(group: Any = None) -> None:
+def revoke(group: GroupArg = None) -> None:
     """Make every live member's pending and later ops on ``group`` fail promptly with
     GroupRevokedError. A local call: the other members hear of it over the group's own
     connections. Then shrink() the group to go on."""
     _state.group_channel(group, "revoke").revoke()
 
 
-def failed_ranks(group: Any = None) -> tuple[int, ...]:
+def failed_ranks(group: GroupArg = None) -> tuple[int, ...]:
     """The ranks of ``group`` known dead here, in the group's numbering."""
     return _state.group_channel(group, "failed_ranks").failed_ranks()
 
 
-def agree(flag: bool, group: Any = None, timeout: Any = None) -> bool:
+def agree(flag: bool, group: GroupArg = None, timeout: Any = None) -> bool:
     """The AND of ``flag`` over the live members of ``group``, the same on every survivor
     even when a member dies during the call (ULFM's agreement). Collective."""
     if not isinstance(flag, (bool, int, np.bool_)):
@@ -117,7 +117,7 @@ def _ifname(st: _state.State) -> str | None:
     return None if value is None else str(value)
 
 
-def shrink(group: Any = None, timeout: Any = None) -> Group:
+def shrink(group: GroupArg = None, timeout: Any = None) -> Group:
     """A new group of the live members of ``group``, ranked in their old order.
 
     Collective over the survivors. For the default group it replaces the world: from

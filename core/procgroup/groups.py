@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from .backend import BackendSpec, DataChannel
 from .errors import InvalidArgumentError
@@ -59,6 +60,11 @@ class Group:
         return f"<procgroup.Group {self.group_id} backend={self.backend} ranks={list(self.ranks)} ({who})>"
 
 
+#: What an op's ``group=`` takes: a Group; None or ``group.WORLD`` for the default group; or
+#: the 2017 module's group id (an int: 0 is the world, n the n-th new_group).
+GroupArg = Group | int | None
+
+
 class _GroupNamespace:
     """``procgroup.group.WORLD``: the default group, resolved at call time."""
 
@@ -78,4 +84,4 @@ class GroupMember:
     WORLD = group.WORLD
 
 
-__all__ = ["Group", "GroupMember", "group"]
+__all__ = ["Group", "GroupArg", "GroupMember", "group"]
