@@ -1,8 +1,10 @@
 """torch's batched point-to-point: ``P2POp`` and ``batch_isend_irecv``.
 
-Every op of a batch is checked before any starts (op, peer, group, tensor), then each is
-started as an isend or irecv; they all progress at once, so the order inside a batch
-cannot deadlock (ring exchanges post their sends and receives together).
+The list is checked before any op starts (every entry a P2POp, each with an isend/irecv
+op and one peer); then each op is started as an isend or irecv, in list order, which
+checks its tensor, tag and peer as those calls do. They all progress at once, so the
+order inside a batch cannot deadlock (ring exchanges post their sends and receives
+together).
 """
 
 from __future__ import annotations
