@@ -13,7 +13,9 @@ PMIx           PMIX_RANK                     (none)
 Slurm          SLURM_PROCID                  SLURM_NTASKS
 =============  ============================  ==========================
 
-Inside a Slurm job, MASTER_ADDR defaults to the first host of SLURM_STEP_NODELIST (else
+Under Open MPI's mpirun, MASTER_ADDR defaults to mpirun's host and MASTER_PORT to a port
+derived from mpirun's job (:mod:`procgroup.rendezvous._openmpi`). Inside a Slurm job,
+MASTER_ADDR defaults to the first host of SLURM_STEP_NODELIST (else
 SLURM_JOB_NODELIST), then to SLURM_LAUNCH_NODE_IPADDR, and MASTER_PORT to a port derived
 from SLURM_JOB_ID and SLURM_STEP_ID (the rule is in :mod:`procgroup.rendezvous._slurm`).
 Elsewhere MASTER_PORT has no default.
@@ -28,7 +30,7 @@ from typing import Any
 from procgroup._settings import plain_problem
 from procgroup.errors import InvalidArgumentError
 
-from . import _slurm
+from . import _openmpi, _slurm
 
 #: (rank variable, size variable or None), in order of precedence.
 RANK_SOURCES: tuple[tuple[str, str | None], ...] = (
@@ -43,7 +45,8 @@ _SIZES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 _HOSTS = ("MASTER_ADDR", "SLURM_LAUNCH_NODE_IPADDR")
 _SLURM_TEXT = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_LAUNCH_NODE_IPADDR",
                "SLURM_JOB_ID", "SLURM_STEP_ID")
-FIELDS = ("MASTER_ADDR", "MASTER_PORT", *_RANKS, *_SIZES, *_SLURM_TEXT)
+_TEXT = (*_SLURM_TEXT, "PMIX_NAMESPACE", "PMIX_HOSTNAME", "OMPI_COMM_WORLD_LOCAL_SIZE")
+FIELDS = ("MASTER_ADDR", "MASTER_PORT", *_RANKS, *_SIZES, *_TEXT)
 
 
 @functools.cache
@@ -66,7 +69,7 @@ def _model() -> Any:
     fields: dict[str, Any] = {"MASTER_ADDR": (str | None, None), "MASTER_PORT": (port, None)}
     fields.update({k: (rank, None) for k in _RANKS})
     fields.update({k: (size, None) for k in _SIZES})
-    fields.update({k: (str | None, None) for k in _SLURM_TEXT})
+    fields.update({k: (str | None, None) for k in _TEXT})
     return create_model(  # type: ignore[call-overload]  # fields built at run time
         "RendezvousEnvModel",
         __config__=ConfigDict(extra="ignore", frozen=True, strict=False),
@@ -97,6 +100,9 @@ class RendezvousEnv:
     SLURM_LAUNCH_NODE_IPADDR: str | None = None
     SLURM_JOB_ID: str | None = None
     SLURM_STEP_ID: str | None = None
+    PMIX_NAMESPACE: str | None = None
+    PMIX_HOSTNAME: str | None = None
+    OMPI_COMM_WORLD_LOCAL_SIZE: str | None = None
 
     def __init__(self, **values: Any) -> None:
         for k, v in values.items():
@@ -137,14 +143,19 @@ class RendezvousEnv:
                 return getattr(self, size_var), size_var
         return None, ""
 
-    def _slurm(self) -> dict[str, str]:
-        return {k: v for k in _SLURM_TEXT if (v := getattr(self, k))}
+    def _launcher(self) -> dict[str, str]:
+        names = (*_TEXT, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
+        return {k: str(v) for k in names if (v := getattr(self, k)) is not None}
 
     def master_addr_and_source(self) -> tuple[str | None, str]:
-        """MASTER_ADDR, else the step's (or job's) first Slurm node, else the launch node."""
+        """MASTER_ADDR, else Open MPI's mpirun host, else the step's (or job's) first Slurm
+        node, else the Slurm launch node."""
         if self.MASTER_ADDR:
             return self.MASTER_ADDR, "MASTER_ADDR"
-        addr, var = _slurm.master_addr(self._slurm())
+        host = _openmpi.mpirun_host(self._launcher())
+        if host is not None:
+            return host, "PMIX_NAMESPACE (mpirun's host)"
+        addr, var = _slurm.master_addr(self._launcher())
         if addr is not None:
             return addr, var
         if self.SLURM_LAUNCH_NODE_IPADDR:
@@ -152,10 +163,14 @@ class RendezvousEnv:
         return None, ""
 
     def master_port_and_source(self) -> tuple[int | None, str]:
-        """MASTER_PORT, else (in a Slurm job) the port derived from the job and step ids."""
+        """MASTER_PORT, else the port derived from Open MPI's mpirun job, else from the
+        Slurm job and step ids."""
         if self.MASTER_PORT is not None:
             return self.MASTER_PORT, "MASTER_PORT"
-        port = _slurm.master_port(self._slurm())
+        port = _openmpi.master_port(self._launcher())
+        if port is not None:
+            return port, "PMIX_NAMESPACE (mpirun's pid and job)"
+        port = _slurm.master_port(self._launcher())
         if port is not None:
             return port, "SLURM_JOB_ID and SLURM_STEP_ID"
         return None, ""
