@@ -42,7 +42,10 @@ def main(n: int = 2000) -> None:
         _, verdict = s.verdict(c.reply(s.greeting()))
         c.check(verdict)
         compute.append(time.perf_counter() - t0)
-    us = lambda xs: statistics.median(xs) * 1e6
+
+    def us(xs: list[float]) -> float:
+        return statistics.median(xs) * 1e6
+
     print(f"{n} connections on loopback, medians:")
     print(f"  TCP connect alone          {us(connect):8.1f} us")
     print(f"  handshake (round trips)    {us(handshake):8.1f} us")

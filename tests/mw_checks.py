@@ -205,7 +205,7 @@ def operators() -> None:
     same(R.ones(3, np.uint8) + 1, np.ones(3, np.uint8) + 1, "uint8 + int")
     c, cl = a.copy(), al.copy()
     for op in ("+=", "-=", "*=", "/=", "**=", "//=", "%="):
-        exec(f"c {op} b; cl {op} bl")  # noqa: S102 - the in-place operators themselves
+        exec(f"c {op} b; cl {op} bl")
     same(c, cl, "in-place")
     k, kl = i.copy(), il.copy()
     k += 2

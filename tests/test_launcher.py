@@ -455,8 +455,8 @@ def test_real_tcp_job(tmp_path: Path) -> None:
     """)
     res = launch("-n", "3", "--backend", "tcp", "--timeout", "100", str(script))
     assert res.returncode == 0, res.stderr
-    results = sorted((json.loads(l.split("RESULT ", 1)[1]) for l in res.stdout.splitlines()
-                      if "RESULT " in l), key=lambda r: r["rank"])
+    results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in res.stdout.splitlines()
+                      if "RESULT " in line), key=lambda r: r["rank"])
     assert [r["rank"] for r in results] == [0, 1, 2]
     for r in results:
         assert r["size"] == 3

@@ -45,7 +45,7 @@ def test_mypy_passes() -> None:
     assert done.returncode == 0, f"mypy found problems:\n{done.stdout}{done.stderr}"
 
 
-#: `# noqa: CODE[, CODE] - reason` (or `(reason)`) and `# type: ignore[code]  # reason`: the
+#: `noqa: CODE[, CODE] - reason` (or `(reason)`) and `type: ignore[code]  # reason`: the
 #: reason is what a reader needs to judge whether the suppression still holds.
 _NOQA = re.compile(r"#\s*noqa\b(?P<rest>.*)$", re.IGNORECASE)
 _NOQA_WITH_REASON = re.compile(r"^:\s*[A-Z]+[0-9]+(\s*,\s*[A-Z]+[0-9]+)*\s+(-|#|\()\s*\S")

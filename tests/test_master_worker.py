@@ -178,7 +178,7 @@ def test_workers_end_cleanly_with_the_master(endings_script: Path, mode: str) ->
 def test_workers_end_with_an_error_when_the_master_dies(endings_script: Path) -> None:
     ranks = launch(endings_script, 3, ["die"], timeout=90)
     assert ranks[0][0] == -signal.SIGKILL
-    for r, (code, so, se) in enumerate(ranks[1:], 1):
+    for r, (code, _so, se) in enumerate(ranks[1:], 1):
         assert code != 0, f"rank {r} exited 0 after the master died"
         assert "the master (rank 0)" in se and f"node {r - 1}" in se, se[-2000:]
 

@@ -17,7 +17,8 @@ import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -63,7 +64,7 @@ def _rdzv_job(init_method: str, kwargs: dict[str, Any], env: dict[str, str]) -> 
         os.environ.update(saved)
 
 
-def _worker_loop(tasks: "mp.Queue", results: "mp.Queue") -> None:
+def _worker_loop(tasks: mp.Queue, results: mp.Queue) -> None:
     while True:
         item = tasks.get()
         if item is None:
@@ -71,7 +72,7 @@ def _worker_loop(tasks: "mp.Queue", results: "mp.Queue") -> None:
         idx, args = item
         try:
             results.put((idx, _rdzv_job(*args)))
-        except BaseException as exc:  # the test asserts on the type and message
+        except BaseException as exc:  # noqa: BLE001 - the test asserts on the type and message
             results.put((idx, f"{type(exc).__name__}: {exc}"))
 
 

@@ -81,7 +81,7 @@ def closed_by_peer(sock: socket.socket) -> bool:
                 return True
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 
@@ -525,7 +525,7 @@ def test_fuzzed_frames_never_kill_the_server(server, seed, caplog):
                 replies += chunk
         except ConnectionResetError:
             pass
-        except socket.timeout:
+        except TimeoutError:
             raise AssertionError("the server left a fuzzing client hanging") from None
         finally:
             sock.close()

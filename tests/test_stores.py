@@ -13,7 +13,7 @@ import os
 import queue
 import socket
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -53,14 +53,14 @@ def _open(kind: str, arg: object, prefix: str | None) -> Store:
     return PrefixStore(prefix, store, owns_store=True) if prefix else store
 
 
-def _peer_process(kind: str, arg: object, prefix: str | None, name: str, out: "mp.Queue") -> None:
+def _peer_process(kind: str, arg: object, prefix: str | None, name: str, out: mp.Queue) -> None:
     try:
         store = _open(kind, arg, prefix)
         _peer_body(store, name)
         store.wait(["bye"], SAFE)  # keep the connection until the test is done reading
         store.close()
         out.put((name, "ok"))
-    except BaseException as exc:  # reported to the test, which fails with it
+    except BaseException as exc:  # noqa: BLE001 - reported to the test, which fails with it
         out.put((name, f"{type(exc).__name__}: {exc}"))
 
 
@@ -85,7 +85,7 @@ class _Setup:
     def start_peers(self) -> Callable[[], list[str]]:
         names = [f"peer{i}" for i in range(N_PEERS)]
         if self.kind == "hash":
-            results: "queue.Queue[tuple[str, str]]" = queue.Queue()
+            results: queue.Queue[tuple[str, str]] = queue.Queue()
 
             def run(name: str) -> None:
                 try:
@@ -207,7 +207,7 @@ def _single_process_checks(store: Store, kind: str) -> None:
 
 
 # ---------------------------------------------------------------------- TCPStore
-def _host_master(out: "mp.Queue") -> None:
+def _host_master(out: mp.Queue) -> None:
     store = TCPStore("127.0.0.1", 0, is_master=True, timeout=SAFE)
     store.set("alive", b"1")
     out.put(store.port)
@@ -222,7 +222,7 @@ def test_tcpstore_server_death_and_limits(tmp_path) -> None:
     port = out.get(timeout=SAFE)
     client = TCPStore("127.0.0.1", port, timeout=SAFE)
     assert client.get("alive") == b"1"
-    errors: "queue.Queue[BaseException | None]" = queue.Queue()
+    errors: queue.Queue[BaseException | None] = queue.Queue()
 
     def blocked_get() -> None:
         try:
@@ -277,7 +277,7 @@ def test_tcpstore_many_clients() -> None:
     master = TCPStore("127.0.0.1", 0, world_size=n + 1, is_master=True, timeout=SAFE,
                       wait_for_workers=False)
     clients = [TCPStore("127.0.0.1", master.port, timeout=SAFE) for _ in range(n)]
-    results: "queue.Queue[bytes | BaseException]" = queue.Queue()
+    results: queue.Queue[bytes | BaseException] = queue.Queue()
 
     def waiter(c: TCPStore, i: int) -> None:
         try:

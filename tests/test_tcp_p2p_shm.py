@@ -134,7 +134,7 @@ def _mixed_any_source(rank: int, size: int, url: str) -> dict[str, Any]:
                 src = pg.recv(buf, None, tag=5)
                 assert buf[0] == src, (buf, src)
                 seen[src].append(int(buf[1]))
-            for src in (1, 2):  # a rendezvous-sized message from each, any source
+            for _ in (1, 2):  # a rendezvous-sized message from each, any source
                 who = pg.recv(big, None, tag=6)
                 assert (big == who).all()
             return {"links": links, "order": {s: v == list(range(per_source)) for s, v in seen.items()}}

@@ -7,7 +7,7 @@ catch either the specific procgroup class or the generic Python one.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class ProcGroupError(Exception):

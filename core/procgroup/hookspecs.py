@@ -15,7 +15,7 @@ listing backends stays cheap.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .backend._spec import PROJECT, BackendSpec, InitMethodSpec, hookimpl, hookspec
 
