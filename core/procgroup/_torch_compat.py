@@ -74,7 +74,7 @@ NOT_PROVIDED = {
 
 #: torch classes a program uses, and procgroup's counterpart
 CLASSES = {
-    "P2POp": "same signature (compared above)",
+    "P2POp": "procgroup.P2POp",
     "ReduceOp": "procgroup.ReduceOp (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR; alias reduce_op)",
     "Work": "procgroup.Work: wait(timeout), is_completed(), result(), cancel(), awaitable",
     "group": "procgroup.group.WORLD",
@@ -180,9 +180,15 @@ def markdown() -> str:
         "| torch.distributed | procgroup | notes |",
         "|---|---|---|",
     ]
-    lines += [f"| `{n}` | {s} | {note} |" for n, s, note in rows()]
+    table = rows()
+    counts = {k: sum(1 for _, st, _ in table if st.startswith(k)) for k in ("same", "differs", "not provided",
+                                                                           "not applicable")}
+    lines.insert(-2, ", ".join(f"{k}: {v}" for k, v in counts.items()) + f" (of {len(table)} functions).\n")
+    lines += [f"| `{n}` | {st} | {note} |" for n, st, note in table]
     lines += ["", "## Classes", "", "| torch.distributed | procgroup |", "|---|---|"]
-    lines += [f"| `{n}` | {c} |" for n, c in CLASSES.items()]
+    p2p = compare("P2POp")
+    lines += [f"| `{n}` | {c}" + (f" (constructor: {'same' if p2p is None else p2p})" if n == "P2POp" else "") + " |"
+              for n, c in CLASSES.items()]
     return "\n".join(lines) + "\n"
 
 
