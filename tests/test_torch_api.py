@@ -322,3 +322,22 @@ def test_names_in_process() -> None:
     _raises(TypeError, lambda: dist.all_gather([np.zeros(1)], np.zeros(1), array_list=[]), "'tensor_list'",
             "'array_list'")
     assert list(inspect.signature(dist.all_to_all).parameters)[:2] == ["output_tensor_list", "input_tensor_list"]
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_weights_only_unpickler_in_process(protocol: int) -> None:
+    """What weights_only=True builds, and what it refuses (naming it), under old and new pickle protocols."""
+    import pickle
+
+    from procgroup._safe_pickle import loads
+
+    plain = [{"a": [1, 2.5, 3j, "s", b"b", None, True]}, (1, {2, 3}, frozenset([4])), np.arange(6.0).reshape(2, 3),
+             np.float32(3), np.dtype("int16"), collections.OrderedDict(a=1), np.array(["ab", "c"]), bytearray(b"x"),
+             range(4)]
+    for obj in plain:
+        assert repr(loads(pickle.dumps(obj, protocol=protocol), True)) == repr(obj)
+    refused = {"collections.Counter": collections.Counter("ab"), "builtins.print": print,
+               "Python objects": np.array([1, "a"], dtype=object)}
+    for what, obj in refused.items():
+        _raises(pickle.UnpicklingError, lambda o=obj: loads(pickle.dumps(o, protocol=protocol), True), what)
+    assert loads(pickle.dumps(collections.Counter("ab"), protocol=protocol), False) == collections.Counter("ab")
