@@ -78,7 +78,7 @@ def test_collectives_are_numbered_per_group_with_their_caller(job: tuple[list[di
         bc, = _world(rec, "broadcast")
         barrier, = _world(rec, "barrier")
         assert (ar["seq"], bc["seq"], barrier["seq"]) == (1, 2, 3)  # one numbering per group, from 1
-        assert ar["kind"] == "collective" and ar["state"] == "done" and ar["end"] >= ar["start"]
+        assert ar["kind"] == "collective" and ar["state"] == "done" and ar["start"] > 0
         assert ar["bytes"] == 16 and ar["dtype"] == "float32" and ar["peer"] is None
         assert bc["peer"] == 1  # the root, as a world rank
         assert os.path.basename(ar["file"]) == "test_flight_recorder.py"

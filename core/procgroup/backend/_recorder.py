@@ -22,6 +22,7 @@ procgroup-run (:func:`gather`); procgroup-run asks by signal instead (docs/debug
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -54,8 +55,10 @@ GATHER_SECONDS = 1.5
 DEPARTURE_WAIT_S = 0.3
 
 _P2P = frozenset(POINT_TO_POINT)
-#: entry fields (a list, for speed)
-_GROUP, _SEQ, _OP, _PEER, _NBYTES, _DTYPE, _STATE, _T0, _T1, _CODE, _LINE, _EXTRA = range(12)
+#: entry fields (a list, for speed): _SPEC is (GroupInfo, op), fixed per wrapper; _LINE holds
+#: the caller's instruction offset (f_lasti), made a line number when read; _T1 (end time) and
+#: _EXTRA (the error, or an issued op's Work) are appended only when an op fails or is issued
+_SPEC, _SEQ, _PEER, _NBYTES, _DTYPE, _STATE, _T0, _CODE, _LINE, _T1, _EXTRA = range(11)
 STARTED, DONE, FAILED, ISSUED = 0, 1, 2, 3
 _STATE_NAMES = {STARTED: "waiting", DONE: "done", FAILED: "failed", ISSUED: "issued"}
 
@@ -130,9 +133,8 @@ class Recorder:
 
     def __init__(self) -> None:
         self.size = 0
-        self.ring: list[list[Any] | None] = []
+        self.ring: collections.deque[list[Any]] = collections.deque(maxlen=0)
         self.configured = False
-        self.next = 0  # entries written so far
         self.world_rank: int | None = None
         self.groups: weakref.WeakSet[GroupInfo] = weakref.WeakSet()
         #: what this rank knows of the job's first failure and of departures, world ranks
@@ -145,21 +147,21 @@ class Recorder:
         process may set the variable after importing procgroup, before init)."""
         if not self.configured:
             self.size = _ring_size()
-            self.ring = [None] * self.size
+            self.ring = collections.deque(maxlen=self.size)
             self.configured = True
 
     def entries(self) -> list[list[Any]]:
         """The entries, oldest first (copies: the ring goes on changing)."""
-        n, size = self.next, self.size
-        if size == 0:
-            return []
-        order = range(n - size, n) if n > size else range(n)
-        out = []
-        for i in order:
-            e = self.ring[i % size]
-            if e is not None:
-                out.append(list(e))
-        return out
+        while True:
+            try:
+                return [list(e) for e in self.ring]
+            except RuntimeError:  # another thread appended meanwhile: read again
+                continue
+
+    @property
+    def recorded(self) -> int:
+        """Ops recorded since the start (the ring keeps the newest ``size``)."""
+        return sum(g.coll + g.p2p for g in self.groups)
 
 
 RECORDER = Recorder()
@@ -167,42 +169,38 @@ RECORDER = Recorder()
 
 def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = False) -> Callable[..., Any]:
     """``fn`` (the blocking callable of ``op``, or its ``start`` when ``started``) writing
-    one ring entry per call."""
+    one ring entry per call.
+
+    This is on the path of every op, so it does the least that must be done at call time:
+    the caller's frame is walked (first frame whose code is not procgroup's, the verdict
+    cached per code object) and its code and instruction offset kept (the line is worked
+    out when the record is read); size and dtype are read from the array, never the array
+    kept (the ring must not hold the caller's memory); a completed op only flips its state.
+    """
     rec = RECORDER
-    size = rec.size
-    if size == 0:
+    if rec.size == 0:
         return fn
     info = channel._flight_info
-    ring = rec.ring
+    append = rec.ring.append
     array_at, peer_at = _ARGS.get(op, (None, None))
-    p2p = op in _P2P
-    own = _own_codes
+    own = _own_codes.get
     classify = _classify
     failed = _failed
+    state0 = ISSUED if started else STARTED
+    spec = (info, op)
 
-    def where() -> tuple[Any, int]:
-        f: Any = _getframe(2)
-        while f is not None:
-            k = own.get(f.f_code)
-            if k is None:
-                k = classify(f.f_code)
-            if not k:
-                return f.f_code, f.f_lineno
-            f = f.f_back
-        return None, 0
-
-    if p2p:
+    if op in _P2P:
         def call_p2p(array: Any, peer: Any = None, tag: int = 0) -> Any:
             if tag >= MAX_USER_TAG:  # a step of a collective, a group's translated call
                 return fn(array, peer, tag)
-            code, line = where()
+            f: Any = _getframe(1)
+            while f is not None and (own(f.f_code) or (own(f.f_code) is None and classify(f.f_code))):
+                f = f.f_back
             seq = info.p2p + 1  # numbered from 1: "the 5th all_reduce" is #5
             info.p2p = seq
-            entry = [info, seq, op, peer, getattr(array, "nbytes", -1), getattr(array, "dtype", None),
-                     ISSUED if started else STARTED, _perf(), 0.0, code, line, None]
-            i = rec.next
-            rec.next = i + 1
-            ring[i % size] = entry
+            entry = [spec, seq, peer, getattr(array, "nbytes", -1), getattr(array, "dtype", None),
+                     state0, _perf(), f.f_code if f is not None else None, f.f_lasti if f is not None else -1]
+            append(entry)
             try:
                 result = fn(array, peer, tag)
             except BaseException as exc:
@@ -212,13 +210,40 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
                 _track(entry, result)
             else:
                 entry[_STATE] = DONE
-                entry[_T1] = _perf()
             return result
 
         return call_p2p
 
+    if array_at == 0 and peer_at is None and not started:
+        # all_reduce, reduce_scatter: (array, op); all_reduce is the latency-critical one
+        def call_reduce(array: Any, reduce_op: Any) -> Any:
+            f: Any = _getframe(1)
+            while f is not None and (own(f.f_code) or (own(f.f_code) is None and classify(f.f_code))):
+                f = f.f_back
+            seq = info.coll + 1
+            info.coll = seq
+            nbytes = getattr(array, "nbytes", None)
+            if nbytes is None:
+                nbytes, dtype = _list_shape(array)
+            else:
+                dtype = array.dtype
+            entry = [spec, seq, None, nbytes, dtype, STARTED, _perf(),
+                     f.f_code if f is not None else None, f.f_lasti if f is not None else -1]
+            append(entry)
+            try:
+                result = fn(array, reduce_op)
+            except BaseException as exc:
+                failed(channel, entry, exc)
+                raise
+            entry[_STATE] = DONE
+            return result
+
+        return call_reduce
+
     def call(*args: Any) -> Any:
-        code, line = where()
+        f: Any = _getframe(1)
+        while f is not None and (own(f.f_code) or (own(f.f_code) is None and classify(f.f_code))):
+            f = f.f_back
         seq = info.coll + 1
         info.coll = seq
         if array_at is not None and array_at < len(args):
@@ -231,10 +256,9 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
         else:
             nbytes, dtype = 0, None
         peer = args[peer_at] if peer_at is not None and peer_at < len(args) else None
-        entry = [info, seq, op, peer, nbytes, dtype, ISSUED if started else STARTED, _perf(), 0.0, code, line, None]
-        i = rec.next
-        rec.next = i + 1
-        ring[i % size] = entry
+        entry = [spec, seq, peer, nbytes, dtype, state0, _perf(),
+                 f.f_code if f is not None else None, f.f_lasti if f is not None else -1]
+        append(entry)
         try:
             result = fn(*args)
         except BaseException as exc:
@@ -244,7 +268,6 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
             _track(entry, result)
         else:
             entry[_STATE] = DONE
-            entry[_T1] = _perf()
         return result
 
     return call
@@ -259,15 +282,15 @@ def _list_shape(x: Any) -> tuple[int, Any]:
 def _track(entry: list[Any], work: Any) -> None:
     """An issued op's Work, weakly: the record asks it whether it completed."""
     try:
-        entry[_EXTRA] = weakref.ref(work)
+        entry += [0.0, weakref.ref(work)]
     except TypeError:
         entry[_STATE] = DONE  # a Work that cannot be referenced weakly is a completed one
 
 
 def _failed(channel: DataChannel, entry: list[Any], exc: BaseException) -> None:
     entry[_STATE] = FAILED
-    entry[_T1] = _perf()
-    entry[_EXTRA] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    del entry[_T1:]
+    entry += [_perf(), f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"]
     if isinstance(exc, ProcGroupError) and not getattr(exc, "_flight_seen", False):
         try:
             exc._flight_seen = True  # type: ignore[attr-defined]
@@ -278,9 +301,11 @@ def _failed(channel: DataChannel, entry: list[Any], exc: BaseException) -> None:
 
 # ------------------------------------------------------------------ reading the record
 def _entry_dict(e: list[Any], wall: float) -> dict[str, Any]:
-    info: GroupInfo = e[_GROUP]
+    info: GroupInfo = e[_SPEC][0]
+    op = e[_SPEC][1]
     state = e[_STATE]
-    extra = e[_EXTRA]
+    extra = e[_EXTRA] if len(e) > _EXTRA else None
+    t1 = e[_T1] if len(e) > _T1 else 0.0
     if state == ISSUED:
         work = extra() if callable(extra) else None
         if work is None:
@@ -294,19 +319,28 @@ def _entry_dict(e: list[Any], wall: float) -> dict[str, Any]:
         extra = None
     code = e[_CODE]
     dtype = e[_DTYPE]
+    line = _line(code, e[_LINE]) if code is not None else None
     d = {
         "group": info.key, "group_id": info.group_id, "backend": info.backend, "group_ranks": list(info.ranks),
-        "seq": e[_SEQ], "op": e[_OP], "kind": "p2p" if e[_OP] in _P2P else "collective",
+        "seq": e[_SEQ], "op": op, "kind": "p2p" if op in _P2P else "collective",
         "peer": info.world(e[_PEER]), "bytes": int(e[_NBYTES]) if e[_NBYTES] is not None else -1,
         "dtype": str(getattr(dtype, "name", dtype)) if dtype is not None else None,
         "state": _STATE_NAMES[state],
-        "start": round(e[_T0] + wall, 6), "end": round(e[_T1] + wall, 6) if e[_T1] else None,
-        "file": code.co_filename if code is not None else None, "line": e[_LINE] or None,
+        "start": round(e[_T0] + wall, 6), "end": round(t1 + wall, 6) if t1 else None,
+        "file": code.co_filename if code is not None else None, "line": line,
         "function": code.co_name if code is not None else None,
     }
     if isinstance(extra, str):
         d["error"] = extra
     return d
+
+
+def _line(code: Any, lasti: int) -> int | None:
+    """The source line of instruction offset ``lasti`` in ``code`` (what f_lineno says)."""
+    for start, end, line in code.co_lines():
+        if start <= lasti < end:
+            return int(line) if line is not None else None
+    return None
 
 
 def snapshot() -> list[dict[str, Any]]:
@@ -353,7 +387,7 @@ def dump(frame: Any = None, per_group: int | None = None, skip_thread: int | Non
         rank = int(env) if env is not None and env.isdigit() else None
     return {
         "format": "procgroup-flight-1", "rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
-        "time": time.time(), "ring_size": rec.size, "ops_recorded": rec.next,
+        "time": time.time(), "ring_size": rec.size, "ops_recorded": rec.recorded,
         "own_dirs": list(_own_dirs), "first_failure": rec.first_failure,
         "departures": {str(k): v for k, v in rec.departures.items()},
         "ops": ops, "stacks": stacks(skip=skip_thread, frame=frame),
