@@ -12,7 +12,10 @@ import warnings
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'procgroup-nccl[cuda]'"
+INSTALL_HINT = ("pip install 'procgroup-nccl[cuda12]' (CUDA 12) or 'procgroup-nccl[cuda13]' (CUDA 13); "
+                "'procgroup-nccl[cuda]' adds CUDA 12's NCCL and runtime wheels")
+#: the NCCL runtime wheel of each CUDA major version (a system NCCL works too)
+NCCL_HINT = "pip install nvidia-nccl-cu12 (CUDA 12, or 'procgroup-nccl[cuda]') or nvidia-nccl-cu13 (CUDA 13)"
 
 
 def unavailable_reason() -> str | None:
@@ -58,8 +61,8 @@ def nccl_library_reason() -> str | None:
     except ImportError as exc:
         return f"CuPy has no NCCL support ({exc}); install it with {INSTALL_HINT}"
     if not getattr(nccl, "available", True):
-        return f"the NCCL library (libnccl.so.2) was not found; install it with {INSTALL_HINT}"
+        return f"the NCCL library (libnccl.so.2) was not found; install it with {NCCL_HINT}"
     return None
 
 
-__all__ = ["INSTALL_HINT", "cuda_device_count", "nccl_library_reason", "unavailable_reason"]
+__all__ = ["INSTALL_HINT", "NCCL_HINT", "cuda_device_count", "nccl_library_reason", "unavailable_reason"]

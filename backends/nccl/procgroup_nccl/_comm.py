@@ -5,11 +5,17 @@ channel's private Store; the others read it. Before ``ncclCommInitRank`` (which 
 with no timeout of its own) every rank checks in under the same key and waits for all
 the others with the channel's timeout, so a missing rank is a StoreTimeoutError naming
 the keys, not a hang.
+
+The check-in carries each rank's GPU (host, PCI bus id): NCCL refuses two ranks of one
+communicator on one GPU ("Duplicate GPU detected", an unhandled system error after a
+hang-prone init), so ranks that share one are refused here first, with an error that
+names them, before NCCL is called.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,13 +66,65 @@ def check_in(store: Any, key: str, rank: int, size: int, value: str, timeout: fl
     return [bytes(store.get(k, timeout=timeout)).decode() for k in keys]
 
 
+def host_id() -> str:
+    """This machine: its host name and boot id (two containers of one host share the boot id)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def gpu_identity(device: int) -> str:
+    """Which physical GPU ``device`` (an index of this process's CUDA_VISIBLE_DEVICES) is:
+    ``host|PCI bus id``, the same string in every process that sees that GPU."""
+    import cupy
+
+    try:
+        bus = str(cupy.cuda.Device(device).pci_bus_id)
+    except Exception:  # noqa: BLE001 - no bus id from this CuPy or driver: the index decides
+        bus = f"index {device}"
+    return f"{host_id()}|{bus}"
+
+
+def shared_gpus(identities: Sequence[Sequence[str]]) -> dict[str, list[int]]:
+    """GPU identity -> the ranks using it, for every GPU that more than one rank uses
+    (``identities[r]``: the GPUs of rank r; one rank listing a GPU twice counts too)."""
+    users: dict[str, list[int]] = {}
+    for rank, gpus in enumerate(identities):
+        for gpu in gpus:
+            users.setdefault(gpu, []).append(rank)
+    return {gpu: ranks for gpu, ranks in users.items() if len(ranks) > 1}
+
+
+def check_in_gpus(store: Any, key: str, rank: int, size: int, gpus: Sequence[str], timeout: float) -> list[list[str]]:
+    """:func:`check_in` of this rank's GPU identities; returns every rank's."""
+    return [v.split("\n") for v in check_in(store, key, rank, size, "\n".join(gpus), timeout)]
+
+
+def refuse_shared_gpus(identities: Sequence[Sequence[str]]) -> None:
+    """InvalidArgumentError, naming the ranks and the GPU, when two ranks (or two devices of
+    one rank) are one GPU."""
+    shared = shared_gpus(identities)
+    if shared:
+        gpu, ranks = next(iter(shared.items()))
+        host, _, bus = gpu.partition("|")
+        raise InvalidArgumentError(
+            f"backend 'nccl': ranks {ranks} of this group use the same GPU ({bus} on host "
+            f"{host.split('/')[0]}); NCCL needs one GPU per rank. Give each process its own "
+            f"GPU (CUDA_VISIBLE_DEVICES, or cupy.cuda.Device(local_rank).use()), or use the "
+            f"tcp or gloo backend, which move CuPy arrays between processes sharing a GPU"
+        )
+
+
 def create_communicator(store: Any, key: str, rank: int, size: int, device: int, timeout: float) -> Any:
     """One NcclCommunicator for this process's ``device``; collective over the group."""
     import cupy
     from cupy.cuda import nccl
 
     raw = exchange_unique_id(store, f"{key}/uid", rank, timeout)
-    check_in(store, f"{key}/in", rank, size, str(device), timeout)
+    refuse_shared_gpus(check_in_gpus(store, f"{key}/in", rank, size, [gpu_identity(device)], timeout))
     with cupy.cuda.Device(device):
         comm = nccl.NcclCommunicator(size, uid_for_cupy(raw, _cupy_major()), rank)
     log.debug("nccl communicator %s: rank %d of %d on cuda:%d", key, rank, size, device)
@@ -81,12 +139,14 @@ def create_multi_communicators(store: Any, key: str, rank: int, size: int, devic
 
     ndev = len(devices)
     raw = exchange_unique_id(store, f"{key}/uid", rank, timeout)
-    counts = check_in(store, f"{key}/in", rank, size, str(ndev), timeout)
-    if any(int(c) != ndev for c in counts):
+    identities = check_in_gpus(store, f"{key}/in", rank, size, [gpu_identity(d) for d in devices], timeout)
+    counts = [len(i) for i in identities]
+    if any(c != ndev for c in counts):
         raise InvalidArgumentError(
             f"*_multigpu: every process must pass the same number of GPUs; the group's "
-            f"processes pass {[int(c) for c in counts]}"
+            f"processes pass {counts}"
         )
+    refuse_shared_gpus(identities)
     uid = uid_for_cupy(raw, _cupy_major())
     comms: list[Any] = []
     nccl.groupStart()
@@ -112,10 +172,15 @@ def close_communicator(comm: Any, *, abort: bool) -> None:
 
 __all__ = [
     "check_in",
+    "check_in_gpus",
     "close_communicator",
     "create_communicator",
     "create_multi_communicators",
     "exchange_unique_id",
+    "gpu_identity",
+    "host_id",
+    "refuse_shared_gpus",
+    "shared_gpus",
     "uid_for_cupy",
     "uid_to_bytes",
 ]

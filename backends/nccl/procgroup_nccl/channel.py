@@ -84,7 +84,7 @@ class NcclChannel(DataChannel):
         self._barrier_bufs: dict[int, Any] = {}
         self._table = reduce_table(int(nccl.get_version()))
         self._aborted = False
-        self._blocking = blocking_wait(ctx.options)
+        self._blocking_wait = blocking_wait(ctx.options)
         self._watchdog = Watchdog(f"procgroup-nccl-watchdog-g{ctx.group_id}", self._abort, self._async_error)
         self._side = self._open_control_plane(ctx)
 
@@ -212,7 +212,7 @@ class NcclChannel(DataChannel):
     # ----------------------------------------------------------------- launching
     def _work(self, inflight: Inflight, host: bool = False) -> NcclWork:
         self._watchdog.track(inflight)
-        return NcclWork(inflight, self._abort, self.timeout, host_sync=host, blocking=self._blocking)
+        return NcclWork(inflight, self._abort, self.timeout, host_sync=host, blocking=self._blocking_wait)
 
     def _launch(self, op: str, device: int, body: Body, keep: tuple[Any, ...], result: Any = None,
                 host: bool = False) -> NcclWork:
