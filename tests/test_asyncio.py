@@ -86,6 +86,14 @@ async def _checks(rank: int, size: int) -> dict[str, Any]:
     out["gather_results"] = [bool(r) for r in results]
     out["gathered"] = [a.tolist() for a in arrays] + [b.tolist(), got.tolist()]
 
+    # a staged CUDA array (host-backed FakeGpuArray): the await runs the Work's finishing
+    # step, the copy back into the caller's array
+    from procgroup.testing import FakeGpuArray
+
+    staged = FakeGpuArray(np.full(3, float(rank + 1)))
+    await pg.all_reduce(staged, async_op=True)
+    out["staged"] = staged.get().tolist()
+
     # the op's error is raised at the await: a receive too small for what its peer sends
     if peer is not None:
         if rank == 0:
@@ -131,6 +139,7 @@ def _check(results: list[dict[str, Any]]) -> None:
         expect.append([float(size - 1)] * 2)
         expect.append([10.0 + (1 - rank)] if rank < 2 else [0.0])
         assert out["gathered"] == expect, rank
+        assert out["staged"] == [total] * 3, rank
     # the late rank's peers ticked while their await waited: the loop was not blocked
     assert results[0]["allreduce_ticks"] >= 5, results
     r1 = results[1]
