@@ -436,6 +436,7 @@ def _handle_new(w: Worker, j: Job) -> None:
 
 def _handle_put(w: Worker, j: Job) -> None:
     shape, dtype, device, data, tag, posted = j.args
+    arr: Any
     if data is not None:
         arr = np.frombuffer(data, dtype).reshape(shape).copy()
     elif posted:  # _prepare_put posted the receive and answered READY
