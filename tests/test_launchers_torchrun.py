@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -78,7 +79,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _results(stdout: str) -> list[dict[str, Any]]:
-    recs = [json.loads(line.split("RESULT ", 1)[1]) for line in stdout.splitlines() if "RESULT " in line]
+    # two workers of one agent may share a line of torchrun's output: find each object
+    recs = [json.loads(m) for m in re.findall(r"RESULT (\{[^{}]*\})", stdout)]
     return sorted(recs, key=lambda r: r["rank"])
 
 

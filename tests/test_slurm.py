@@ -82,6 +82,23 @@ def test_env_defaults_inside_a_step() -> None:
 
 
 @pytest.mark.unit
+def test_procgroup_run_defaults_inside_a_step(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from procgroup.run import parse_args
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+
+    for k, v in {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[3-4]"}.items():
+        monkeypatch.setenv(k, v)
+    o = parse_args(["--nnodes", "2", "--node-rank", "1", "-n", "2", "train.py"])
+    assert (o.master_addr, o.master_port) == ("n3", 20050)
+    o = parse_args(["--nnodes", "2", "--node-rank", "1", "--master-addr", "m", "--master-port", "7", "train.py"])
+    assert (o.master_addr, o.master_port) == ("m", 7)  # given ones win
+    o = parse_args(["-n", "2", "train.py"])  # one node: 127.0.0.1 and a free port, as anywhere
+    assert (o.master_addr, o.master_port) == ("127.0.0.1", None)
+
+
+@pytest.mark.unit
 def test_mpi_launcher_check_rules() -> None:
     launcher = pytest.importorskip("procgroup_mpi._launcher")
     step = {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "4"}
@@ -148,6 +165,11 @@ print("survived", pg.get_rank(), flush=True)
 '''
 
 
+#: the jobs' procgroup timeout: a hang inside procgroup becomes an error well within the
+#: tests' waits (the default, 300 s, is longer than they wait)
+JOB_ENV = {"PROCGROUP_TIMEOUT": "90"}
+
+
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[Any]:
     from procgroup.testing.slurm import SlurmCluster, missing
@@ -179,7 +201,7 @@ def _records(stdout: str) -> list[dict[str, Any]]:
 
 def test_srun_env_without_a_port(slurm: Any, jobs: Path) -> None:
     """`srun -N 2 -n 4 python script.py` with init_process_group() and no MASTER_PORT."""
-    done = slurm.run(["srun", "-N", "2", "-n", "4", "python", jobs / "tcp_job.py"], timeout=180)
+    done = slurm.run(["srun", "-N", "2", "-n", "4", "python", jobs / "tcp_job.py"], env=JOB_ENV, timeout=180)
     assert done.returncode == 0, done.stderr
     recs = _records(done.stdout)
     assert [r["rank"] for r in recs] == [0, 1, 2, 3], done.stdout
@@ -204,10 +226,15 @@ def test_sbatch_with_procgroup_run(slurm: Any, jobs: Path) -> None:
         srun bash -c 'procgroup-run --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" \\
              -n 2 --backend tcp {jobs / "tcp_job.py"}'
         """))
-    done = slurm.run(["sbatch", "--parsable", script], timeout=60)
+    done = slurm.run(["sbatch", "--parsable", script], env=JOB_ENV, timeout=60)
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip().split(";")[0]
-    state = slurm.wait_job(job_id, timeout=240)
+    try:
+        state = slurm.wait_job(job_id, timeout=240)
+    except Exception as exc:
+        slurm.run(["scancel", job_id], timeout=30)
+        text = out.read_text() if out.exists() else "(no output file)"
+        raise AssertionError(f"{exc}; the job wrote:\n{text}\n{slurm.log_text()}") from None
     text = out.read_text()
     assert state == "COMPLETED", text
     recs = _records(text)
@@ -220,7 +247,8 @@ def test_sbatch_with_procgroup_run(slurm: Any, jobs: Path) -> None:
 
 def test_mpi_backend_under_srun_pmi2(slurm: Any, jobs: Path) -> None:
     """The mpi backend across both nodes under `srun --mpi=pmi2`: one MPI world of 4."""
-    done = slurm.run(["srun", "-N", "2", "-n", "4", "--mpi=pmi2", "python", jobs / "mpi_job.py"], timeout=180)
+    done = slurm.run(["srun", "-N", "2", "-n", "4", "--mpi=pmi2", "python", jobs / "mpi_job.py"],
+                     env=JOB_ENV, timeout=180)
     assert done.returncode == 0, done.stderr
     recs = _records(done.stdout)
     assert [r["rank"] for r in recs] == [0, 1, 2, 3], done.stdout + done.stderr
@@ -232,7 +260,7 @@ def test_mpi_backend_under_srun_pmi2(slurm: Any, jobs: Path) -> None:
 
 def test_mpi_backend_refuses_plain_srun(slurm: Any, jobs: Path) -> None:
     """Plain srun (no MPI plugin) would make 4 worlds of 1: every task stops, naming --mpi=pmi2."""
-    done = slurm.run(["srun", "-N", "2", "-n", "4", "python", jobs / "mpi_job.py"], timeout=180)
+    done = slurm.run(["srun", "-N", "2", "-n", "4", "python", jobs / "mpi_job.py"], env=JOB_ENV, timeout=180)
     assert done.returncode != 0, done.stdout
     assert not _records(done.stdout), done.stdout
     refusals = [line for line in done.stderr.splitlines()

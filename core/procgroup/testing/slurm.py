@@ -311,7 +311,8 @@ class SlurmCluster:
             out, err = proc.communicate()
             raise SetupError(
                 f"`{' '.join(map(str, argv))}` did not end within {timeout:.0f} s; "
-                f"stdout: {out.strip()[-2000:]}\nstderr: {err.strip()[-2000:]}") from None
+                f"stdout: {out.strip()[-2000:]}\nstderr: {err.strip()[-2000:]}\n"
+                f"{self.log_text()}") from None
         done = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
         if check and done.returncode != 0:
             raise SetupError(f"`{' '.join(map(str, argv))}` failed ({done.returncode}): {err.strip()}")
