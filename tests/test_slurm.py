@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from procgroup.errors import InvalidArgumentError
+from procgroup.testing.simcluster import SetupError
 from procgroup.rendezvous import _slurm
 from procgroup.rendezvous._env import RendezvousEnv
 
@@ -231,7 +232,7 @@ def test_sbatch_with_procgroup_run(slurm: Any, jobs: Path) -> None:
     job_id = done.stdout.strip().split(";")[0]
     try:
         state = slurm.wait_job(job_id, timeout=240)
-    except Exception as exc:
+    except SetupError as exc:
         slurm.run(["scancel", job_id], timeout=30)
         text = out.read_text() if out.exists() else "(no output file)"
         raise AssertionError(f"{exc}; the job wrote:\n{text}\n{slurm.log_text()}") from None
