@@ -24,9 +24,17 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
                        pg_options: Mapping[str, Any] | None = None, device_id: Any = None,
                        enable_reconfigure: bool = False, *, options: Mapping[str, Any] | None = None,
                        token: str | bytes | None = None) -> None:
-    """Join the default process group (procgroup._lifecycle.init_process_group says how).
-    ``pg_options`` and procgroup's ``options`` are the backend's settings (pass one);
-    ``device_id`` is accepted and not needed; ``token`` is the job's secret."""
+    """Join the default process group: rendezvous, then connect the backend's channel.
+
+    torch.distributed's parameters, in its order. ``backend`` defaults to
+    $PROCGROUP_BACKEND, else "tcp"; ``init_method`` to "env://" (mpi under mpiexec takes
+    its ranks from MPI); ``timeout`` (seconds or a timedelta, default $PROCGROUP_TIMEOUT or
+    300 s) bounds every blocking call; ``store`` is an existing Store (with ``rank`` and
+    ``world_size``). ``pg_options`` or procgroup's ``options``: the backend's settings (pass
+    one). ``device_id`` is accepted and not needed; ``enable_reconfigure=True`` is refused.
+    ``token`` is the job's secret, the same on every rank (default $PROCGROUP_JOB_TOKEN;
+    docs/security.md).
+    """
     del device_id
     if pg_options is not None and options is not None:
         raise TypeError("init_process_group() got both 'pg_options' and 'options' (procgroup's name for it); "
