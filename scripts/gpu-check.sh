@@ -9,7 +9,7 @@
 #   2. the GPU tests: every test marked gpu, the nccl backend's and CUDA staging tests, the
 #      nccl survival tests, and master-worker's .cuda();
 #   3. the benchmark: procgroup's nccl against raw CuPy NCCL on this GPU
-#      (scripts/gpu_bench_nccl.py).
+#      (procgroup-bench -B nccl --compare raw, and scripts/gpu_bench_nccl.py).
 # Without a GPU it says so and exits 0 (PROCGROUP_GPU_CHECK_FORCE=1 runs every step anyway,
 # the tests then skip with their reasons: a rehearsal of the script itself).
 # Results go to gpu-check-out/ (and $OUT when set): the logs, the bench table, a summary.
@@ -89,6 +89,10 @@ failed=0
 run_step() {  # name, seconds, command...
   local name=$1 limit=$2
   shift 2
+  # the whole check stays under 8 minutes: a step that could run past 470 s is cut short
+  local left=$((470 - (SECONDS - start)))
+  if [ "$left" -lt 20 ]; then note "$name: not run (the 8-minute budget is spent)"; failed=1; return; fi
+  [ "$limit" -le "$left" ] || limit=$left
   local t0=$SECONDS rc=0
   timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
   local last
@@ -101,16 +105,22 @@ export PROCGROUP_DEV_TORCH=${PROCGROUP_DEV_TORCH:-0}  # no torch there: gloo's t
 pytest=("$vpy" -m pytest -q -rs -p no:cacheprovider)
 marked=$(grep -l "mark.gpu" tests/test_*.py | tr '\n' ' ')
 # shellcheck disable=SC2086 # the file list splits on purpose
-run_step gpu-marked 120 "${pytest[@]}" -m gpu $marked
-run_step nccl-and-staging 150 "${pytest[@]}" tests/test_backend_nccl.py tests/test_cuda_staging.py tests/test_survive_nccl.py
-run_step master-worker-cuda 90 "${pytest[@]}" tests/test_master_worker.py -k "test_tcp and cuda"
+run_step gpu-marked 100 "${pytest[@]}" -m gpu $marked
+run_step nccl-and-staging 140 "${pytest[@]}" tests/test_backend_nccl.py tests/test_cuda_staging.py tests/test_survive_nccl.py
+run_step master-worker-cuda 70 "${pytest[@]}" tests/test_master_worker.py -k "test_tcp and cuda"
 
 # ------------------------------------------------------------------ the benchmark
+# procgroup-bench on CuPy buffers (a sweep with -B nccl), raw-nccl beside it (--compare
+# raw); one GPU: one rank. Then the same comparison by a small script of its own, which
+# depends on nothing but CuPy and procgroup (a cross-check of the first).
+bench=("$venv/bin/procgroup-bench" -B nccl -np 1 --compare raw -o all_reduce,broadcast,all_gather,reduce_scatter
+       -e 256M -q --json "$out/bench-nccl.json")
 if [ -n "$gpus" ] && [ "$gpus" != 0 ]; then
-  run_step bench-nccl 60 "$vpy" scripts/gpu_bench_nccl.py --max-bytes 256M
-  cp "$out/bench-nccl.log" "$out/bench-nccl.txt" 2>/dev/null || true
+  run_step bench-nccl 50 "${bench[@]}"
+  run_step bench-nccl-direct 30 "$vpy" scripts/gpu_bench_nccl.py --max-bytes 256M
 else
-  run_step bench-nccl 30 "$vpy" scripts/gpu_bench_nccl.py --dry-run
+  run_step bench-nccl 50 "${bench[@]}" -e 1K
+  run_step bench-nccl-direct 30 "$vpy" scripts/gpu_bench_nccl.py --dry-run
 fi
-note "figures: gpu-check-out/bench-nccl.log; copy the table into docs/backends/nccl.md (GPU check)"
+note "figures: gpu-check-out/bench-nccl.log and bench-nccl-direct.log; copy the tables into docs/backends/nccl.md (GPU check)"
 finish "$failed"

@@ -30,7 +30,7 @@ import procgroup as pg
 from procgroup import plugins
 from procgroup.errors import InvalidArgumentError, ProcGroupError
 
-from . import _raw, _torch
+from . import _raw, _raw_nccl, _torch
 from ._options import Options, variant_options
 from ._progress import Progress
 from ._report import Record, fill_ratios, print_table, write_csv, write_json
@@ -151,16 +151,31 @@ def _pg_missing(name: str) -> str | None:
     return spec.unavailable()
 
 
+def gpu_sweep(opts: Options) -> bool:
+    """A sweep with the nccl backend, where it can run, is on CuPy buffers on the GPUs
+    (``_raw_nccl``); where it cannot, nccl is skipped with its reason, on host buffers."""
+    return any(variant_options(name)[0] == "nccl" and _pg_missing(name) is None for name in opts.backends)
+
+
+#: why a host-only comparison sits out a GPU sweep
+_HOST_ONLY = "it takes host arrays only, and this sweep runs on GPU arrays (-B nccl)"
+
+
 def _candidates(opts: Options, control: str, rank: int, n: int, shared_dir: str) -> list[tuple[str, str | None, Callable[[], Variant]]]:
     """(label, local reason it cannot run or None, connect) in the run's order."""
     host = _master_host()
+    gpu = gpu_sweep(opts)
     out: list[tuple[str, str | None, Callable[[], Variant]]] = []
     for name in opts.backends:
         out.append((name, _pg_missing(name), _pg_variant(name, control, opts.timeout)))
     if "torch" in opts.compare:
-        out.append(("torch-gloo", _torch.torch_missing(),
+        out.append(("torch-gloo", _HOST_ONLY if gpu else _torch.torch_missing(),
                     lambda: _torch.TorchGlooVariant(rank, n, host, opts.timeout, _share)))
-    if "raw" in opts.compare:
+    if "raw" in opts.compare and gpu:
+        out.append(("raw-nccl", _raw_nccl.nccl_missing(), lambda: _raw_nccl.RawNcclVariant(rank, n, _share)))
+        for label in ("raw-mpi4py", "raw-pygloo"):
+            out.append((label, _HOST_ONLY, lambda: _raw.RawMpi4pyVariant(rank, n)))
+    elif "raw" in opts.compare:
         out.append(("raw-mpi4py", _raw.mpi4py_missing(), lambda: _raw.RawMpi4pyVariant(rank, n)))
         why = _raw.pygloo_missing()
         if why is None and not _raw.dtype_supported_by_gloo(opts.dtype):
@@ -220,6 +235,8 @@ def _first_calls(v: Variant, p: Point, b: Buffers, rank: int, n: int, check: boo
     err = None
     try:
         call = v.prepare(p.op, b, rank, n)
+        if not isinstance(b.send, np.ndarray):  # GPU buffers: the time includes the op itself
+            call = _raw_nccl.synced(call)
         if check:
             fill_for_check(b, rank, n)
             v.barrier()
@@ -247,6 +264,7 @@ def run_sweep(opts: Options, variants: list[Variant], rank: int, n: int, progres
               notes: list[str]) -> list[Record]:
     """Measure every point; rank 0 gets the records (other ranks an empty list)."""
     points = plan(opts, n, len(variants))
+    xp = _raw_nccl.use_gpu(rank) if gpu_sweep(opts) else np
     progress.total = max(1, sum(p.rounds * len(variants) for p in points))
     disabled: dict[tuple[str, str], str] = {}
     for op in opts.ops:
@@ -256,7 +274,7 @@ def run_sweep(opts: Options, variants: list[Variant], rank: int, n: int, progres
                 disabled[(op, v.label)] = why
     records: list[Record] = []
     for p in points:
-        b = make_buffers(p.op, p.nbytes, opts.np_dtype, n)
+        b = make_buffers(p.op, p.nbytes, opts.np_dtype, n, xp)
         calls: dict[str, Call] = {}
         times: dict[str, list[float]] = {v.label: [] for v in variants}
         for r in range(p.rounds):
@@ -401,6 +419,8 @@ def run_rank(opts: Options, launcher: str) -> int:
     try:
         notes: list[str] = []
         shared = _shared_dir(opts, rank)
+        if gpu_sweep(opts):
+            _raw_nccl.use_gpu(rank)  # before any variant touches CUDA
         variants = connect_variants(opts, control, rank, n, shared, notes)
         if not variants:
             msg = "nothing to measure: " + "; ".join(notes)

@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -168,19 +169,20 @@ class Buffers:
         return int(max(self.send.size, self.recv.size))
 
 
-def make_buffers(op: str, nbytes: int, dtype: np.dtype, world_size: int) -> Buffers:
-    """Allocate the buffers ``op`` needs for ``nbytes`` (already rounded)."""
+def make_buffers(op: str, nbytes: int, dtype: np.dtype, world_size: int, xp: Any = np) -> Buffers:
+    """Allocate the buffers ``op`` needs for ``nbytes`` (already rounded), with array
+    module ``xp`` (NumPy; CuPy for a GPU sweep)."""
     count = nbytes // dtype.itemsize
     chunk = count // world_size
     if op in ("all_reduce", "broadcast", "reduce", "pingpong"):
-        buf = np.zeros(count, dtype)
+        buf = xp.zeros(count, dtype)
         return Buffers(op, buf, buf, [], [])
     if op == "all_gather":
-        send, recv = np.zeros(chunk, dtype), np.zeros(count, dtype)
+        send, recv = xp.zeros(chunk, dtype), xp.zeros(count, dtype)
     elif op == "reduce_scatter":
-        send, recv = np.zeros(count, dtype), np.zeros(chunk, dtype)
+        send, recv = xp.zeros(count, dtype), xp.zeros(chunk, dtype)
     else:  # all_to_all
-        send, recv = np.zeros(count, dtype), np.zeros(count, dtype)
+        send, recv = xp.zeros(count, dtype), xp.zeros(count, dtype)
 
     def split(a: np.ndarray) -> list[np.ndarray]:
         return [a[i * chunk:(i + 1) * chunk] for i in range(world_size)] if a.size == count else []
