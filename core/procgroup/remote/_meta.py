@@ -26,7 +26,7 @@ import numpy as np
 try:
     from numpy.lib.array_utils import normalize_axis_tuple
 except ImportError:  # NumPy < 2
-    from numpy.core.numeric import normalize_axis_tuple  # type: ignore[no-redef]  # NumPy 1's path of it
+    from numpy.core.numeric import normalize_axis_tuple  # type: ignore[no-redef, attr-defined]  # NumPy 1's path of it
 
 _as_strided = np.lib.stride_tricks.as_strided
 _MAX_BYTES = np.iinfo(np.intp).max
@@ -87,7 +87,7 @@ def ghosts(obj: Any) -> Any:
 def normalize_shape(shape: Any, where: str = "shape") -> tuple[int, ...]:
     """An int or a sequence of ints, as NumPy takes it; NumPy's errors otherwise."""
     try:
-        dims = (operator.index(shape),)
+        dims: tuple[int, ...] = (operator.index(shape),)
     except TypeError:
         try:
             dims = tuple(operator.index(d) for d in shape)
@@ -264,7 +264,7 @@ class _quiet:
         self._cm.__enter__()
         warnings.simplefilter("ignore", RuntimeWarning)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self._cm.__exit__(*exc)
 
 
