@@ -13,6 +13,8 @@ import inspect
 import warnings
 from typing import Any
 
+from .errors import UnsupportedOperationError
+
 #: what procgroup does differently behind the same signature
 NOTES = {
     "init_process_group": "also takes procgroup's keyword-only `options=` (backend settings) and `token=` "
@@ -87,7 +89,11 @@ CLASSES = {
 
 def torch_functions() -> dict[str, Any]:
     """The public functions of the installed torch.distributed, by name."""
-    import torch.distributed as td
+    try:
+        import torch.distributed as td  # only this command needs torch
+    except ImportError as exc:
+        raise UnsupportedOperationError(f"torch-compat compares procgroup with the installed torch.distributed, "
+                                        f"and torch cannot be imported ({exc}); pip install torch") from None
 
     found = {}
     with warnings.catch_warnings():
@@ -160,6 +166,7 @@ def rows() -> list[tuple[str, str, str]]:
 
 def markdown() -> str:
     """docs/from-torch.md."""
+    table = rows()  # first: it says clearly when torch is missing
     import torch
 
     lines = [
@@ -180,7 +187,6 @@ def markdown() -> str:
         "| torch.distributed | procgroup | notes |",
         "|---|---|---|",
     ]
-    table = rows()
     counts = {k: sum(1 for _, st, _ in table if st.startswith(k)) for k in ("same", "differs", "not provided",
                                                                            "not applicable")}
     lines.insert(-2, ", ".join(f"{k}: {v}" for k, v in counts.items()) + f" (of {len(table)} functions).\n")
