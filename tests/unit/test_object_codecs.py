@@ -1,0 +1,111 @@
+"""The object collectives' codecs (procgroup.objects, procgroup._safe_pickle): the size
+announcements a peer sends are checked before anything is received, and with
+``weights_only=True`` a peer's pickle can build plain data only."""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from procgroup import _safe_pickle, objects
+from procgroup.errors import InvalidArgumentError, PeerError
+
+pytestmark = pytest.mark.unit
+
+
+class _Group:
+    """What the size check needs of a group: this member's rank and the world's numbering."""
+
+    rank = 0
+
+    @staticmethod
+    def global_rank(group_rank: int) -> int:
+        return group_rank + 10
+
+
+_plain = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8),
+              st.binary(max_size=8), st.complex_numbers(allow_nan=False)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
+                            st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                            st.frozensets(st.integers(), max_size=3)),
+    max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_plain, st.integers(2, pickle.HIGHEST_PROTOCOL))
+def test_plain_data_round_trips_with_weights_only(obj: object, protocol: int) -> None:
+    assert _safe_pickle.loads(pickle.dumps(obj, protocol), weights_only=True) == obj
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bool", "complex128", "U3", "S2"])
+def test_numpy_arrays_and_scalars_round_trip(dtype: str) -> None:
+    a = np.arange(6).astype(dtype).reshape(2, 3)
+    for obj in (a, a[0, 1], np.dtype(dtype), collections.OrderedDict(x=1, y="b"), range(3), slice(1, 5, 2)):
+        got = _safe_pickle.loads(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), weights_only=True)
+        assert type(got) is type(obj)
+        assert np.array_equal(got, obj) if isinstance(obj, np.ndarray) else got == obj
+
+
+@pytest.mark.parametrize("obj, named", [
+    (os.system, "posix.system"), (collections.Counter("ab"), "collections.Counter"),
+    (np.array([object()], dtype=object), "Python objects"), (PeerError("x"), "procgroup.errors.PeerError"),
+])
+def test_anything_else_is_refused_naming_it(obj: object, named: str) -> None:
+    data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    with pytest.raises(pickle.UnpicklingError, match=named):
+        _safe_pickle.loads(data, weights_only=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_random_bytes_never_run_code(data: bytes) -> None:
+    """Whatever a peer sends, weights_only unpickling builds plain data or raises."""
+    try:
+        _safe_pickle.loads(data, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any error is a refusal; only running code would be wrong
+        assert not isinstance(exc, SystemExit)
+
+
+def test_the_flag_must_be_a_bool() -> None:
+    assert _safe_pickle.check_flag(True, "op") is True
+    with pytest.raises(InvalidArgumentError, match="op: weights_only must be True or False, got 1"):
+        _safe_pickle.check_flag(1, "op")
+
+
+def test_size_announcements_are_checked_before_receiving(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(objects.ENV_MAX_OBJECT_BYTES, "100")
+    objects._check_sizes([10, 90], 1, _Group, "gather_object")
+    with pytest.raises(PeerError, match="gather_object: rank 11 announced a pickle of -1 bytes, a negative size") as info:
+        objects._check_sizes([-1], 1, _Group, "gather_object")
+    assert info.value.rank == 11  # named in the world's numbering
+    with pytest.raises(PeerError, match="announced pickles of 101 bytes in all, over the limit of 100 bytes"):
+        objects._check_sizes([60, 41], 2, _Group, "gather_object")
+    with pytest.raises(InvalidArgumentError, match="this rank's objects are a pickle of 101 bytes"):
+        objects._check_sizes([101], 0, _Group, "gather_object")
+    monkeypatch.setenv(objects.ENV_MAX_OBJECT_BYTES, "lots")
+    with pytest.raises(InvalidArgumentError, match=objects.ENV_MAX_OBJECT_BYTES):
+        objects.max_object_bytes()
+
+
+@given(st.lists(st.integers(-2**40, 2**40), max_size=6))
+def test_any_announcement_is_accepted_only_within_the_limit(sizes: list[int]) -> None:
+    try:
+        objects._check_sizes(sizes, 1, _Group, "op")
+    except (PeerError, InvalidArgumentError):
+        assert any(s < 0 for s in sizes) or sum(max(s, 0) for s in sizes) > objects.max_object_bytes()
+        return
+    assert all(s >= 0 for s in sizes) and sum(sizes) <= objects.max_object_bytes()
+
+
+def test_a_refused_object_names_the_sender() -> None:
+    buf = np.frombuffer(pickle.dumps(os.system), np.uint8)
+    with pytest.raises(PeerError, match="all_gather_object: the object from rank 13 was refused") as info:
+        objects._from_bytes(buf, buf.size, True, _Group, 3, "all_gather_object")
+    assert info.value.rank == 13
