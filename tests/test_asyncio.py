@@ -161,7 +161,10 @@ def test_await_on_mpi() -> None:
 
 @pytest.mark.parametrize("engine", ["torch", "pygloo"])
 def test_await_on_gloo(engine: str) -> None:
-    env = gloo_engine_env(engine)
+    # pygloo holds the GIL inside its calls, so no Python thread (the loop's either) runs
+    # while one waits; the arrival check makes the wait for a late rank happen in Python
+    # first (on by default below a 30 s group timeout; docs/asyncio.md)
+    env = {**gloo_engine_env(engine), "PROCGROUP_GLOO_ARRIVAL_CHECK": "always"}
     _check(spawn(_rank_main, 2, "gloo", init_method="tcp", timeout=60.0, job_timeout=180.0, env=env))
 
 
