@@ -14,7 +14,7 @@ from typing import Any
 
 project = "procgroup"
 author = "the procgroup authors"
-copyright = "the procgroup authors"  # noqa: A001 - Sphinx's own name for it
+copyright = "the procgroup authors"
 release = importlib.metadata.version("procgroup")
 
 extensions = [
@@ -81,7 +81,7 @@ def _attr_doc(package: str, name: str) -> list[str]:
     for modname in sorted(m for m in list(sys.modules) if m == package or m.startswith(package + ".")):
         try:
             docs = ModuleAnalyzer.for_module(modname).find_attr_docs()
-        except Exception:  # noqa: BLE001, S112 - a module without source: nothing to find there
+        except Exception:  # noqa: BLE001 - a module without source: nothing to find there
             continue
         if ("", name) in docs:
             return [line for line in docs[("", name)] if line]

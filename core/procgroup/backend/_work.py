@@ -26,8 +26,8 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Generator
-from typing import Any, Callable
+from collections.abc import Callable, Generator
+from typing import Any
 
 from ..errors import ChannelClosedError, CommTimeoutError, ProcGroupError, WorkCancelledError
 
