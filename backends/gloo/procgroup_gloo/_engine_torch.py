@@ -171,8 +171,8 @@ class TorchEngine(Engine):
         self._run(self._group.allreduce([_tensor(_as(a, plan.dtype))], self._reduce_op(plan.op)))
 
     def reduce(self, a: np.ndarray, scratch: np.ndarray | None, plan: Lowered, dst: int) -> None:
-        # torch reduces in place and leaves partial results in non-roots' tensors
-        # (measured): they reduce a copy, so the caller's array stays as it was
+        # torch reduces in place and leaves partial results in non-roots' tensors: they
+        # reduce a copy, so the caller's array stays as it was
         target = a
         if scratch is not None:
             np.copyto(scratch, a)

@@ -21,30 +21,26 @@ from procgroup.ops import ReduceOp
 
 
 #: all_reduce of at least this many bytes takes the pipelined ring, smaller ones recursive
-#: doubling; by world size (the largest key not above the size applies). Measured: 2 ranks
-#: on one host, doubling won to 512 KiB, the ring from 1 MiB; 4 hosts of the simulated
-#: cluster (1 Gbit/s, 0.1 ms), the ring 1.6x ahead at 256 KiB and 2x at 1 MiB.
+#: doubling; by world size (the largest key not above the size applies). Doubling's
+#: log2(n) exchanges win while a message's latency dominates, the ring's bandwidth once
+#: the array is large; each threshold is where bench/socket_thresholds.py saw the winner
+#: change (the runs: docs/history.md).
 RING_MIN_BYTES = {2: 1 << 20, 3: 1 << 20, 4: 256 * 1024}
 #: broadcast of at least this many bytes takes the segmented chain, smaller ones the
-#: binomial tree. Measured: 2 ranks, level to 256 KiB, the chain ahead from 1 MiB; 4 hosts
-#: of the simulated cluster, level at 1 MiB, the chain 1.9x ahead at 4 MiB and 2.6x at
-#: 16 MiB (on one 2-core host with PROCGROUP_TCP_SHM=0 the tree won: each hop costs CPU the
-#: ranks share, but ranks on one host use the shared-memory arena, not this path).
+#: binomial tree: the chain pipelines segments along the ranks, so a large array costs
+#: about one pass over the slowest link however many hops there are (ranks on one host
+#: use the shared-memory arena, not this path).
 BROADCAST_CHAIN_MIN_BYTES = {2: 1 << 20, 3: 2 << 20}
-#: reduce: the chain from this size. Measured: 2 ranks, the tree to 1 MiB, the chain at
-#: 4 MiB; 4 ranks, level at 64 KiB, the chain 1.2x ahead at 256 KiB and 2x at 1 MiB.
+#: reduce: the chain from this size, for the broadcast's reason.
 REDUCE_CHAIN_MIN_BYTES = {2: 2 << 20, 3: 256 * 1024}
 #: The segment of the pipelines on two ranks: big enough to amortise a frame, small
-#: enough to overlap (512 KiB to 2 MiB measured level within the noise).
+#: enough for sending, receiving and reducing to overlap.
 SEGMENT_BYTES = 1 << 20
 #: On three or more ranks a pipeline keeps several segments in flight per stage (a ring
 #: step's chunk in RING_SEGMENTS_PER_CHUNK, a chain's array in CHAIN_SEGMENTS_PER_HOP per
-#: hop), each from MIN_SEGMENT_BYTES to MULTI_SEGMENT_BYTES. Measured on 8 simulated hosts
-#: (1 Gbit/s, 0.1 ms; torch gloo 117-118 MB/s in the same runs): all_reduce 4 MiB, whose
-#: 512 KiB chunks went as one segment each, 102 MB/s bus bandwidth, in two 112 MB/s, in
-#: four the same; 64 MiB in 1 MiB segments 110-113 MB/s, 512 KiB 114-115, 256 and 128 KiB
-#: 117-118; the 4 MiB chain broadcast 91 ms in 1 MiB segments, 53 ms in 256 KiB (gloo 209 ms).
-#: On 4 hosts 256 KiB and 1 MiB were level.
+#: hop), each from MIN_SEGMENT_BYTES to MULTI_SEGMENT_BYTES: the longer the pipeline, the
+#: smaller its segments must be for every link to stay busy, down to where a frame's fixed
+#: cost dominates (the runs on 4 and 8 simulated hosts: docs/history.md).
 MULTI_SEGMENT_BYTES = 256 * 1024
 MIN_SEGMENT_BYTES = 128 * 1024
 RING_SEGMENTS_PER_CHUNK = 2

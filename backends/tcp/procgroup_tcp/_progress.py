@@ -54,8 +54,8 @@ QUIET_S = 0.002
 #: A caller waiting for a gate another thread holds looks at its receive this often.
 GATE_SLICE_S = 0.001
 #: A blocking read first watches the socket this long (``FrameReader._spin_then_read``):
-#: a message that comes meanwhile is taken with no sleep and no wake-up, which cost 10-20 us
-#: each side on the (virtual) development host; the shared-memory waits spin as long.
+#: a message that comes meanwhile is taken with no sleep and no wake-up (a scheduler round
+#: trip on each side); the shared-memory waits spin as long.
 SPIN_S = 100e-6
 #: The reader thread's poll: it wakes at least this often (ms) to see the peer closing.
 _POLL_MS = 1000
