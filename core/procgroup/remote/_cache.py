@@ -2,8 +2,7 @@
 is the model).
 
 Why: a fresh large array costs the first touch of its pages (page faults and the kernel's
-zeroing: about 3 ms for 64 MiB on the 2-core dev machine, as long as a whole shared-memory
-copy of it). When the master drops a RemoteArray, its block therefore stays mapped here,
+zeroing), as much as a whole shared-memory copy of it. When the master drops a RemoteArray, its block therefore stays mapped here,
 in a bounded cache keyed by size class, and the next array of that class (a ``.to()``
 receive, ``remote.send``'s receive, ``remote.empty/zeros/ones/full``) takes it warm.
 
