@@ -1,8 +1,7 @@
 """Progress on the sockets: the waiting caller reads its own frames, a reader thread the rest.
 
 Why: handing each frame from a reader thread to the caller waiting for it costs a thread
-wake-up and a GIL transfer per message (15-30 us on a 2-core host, more than the rest of
-the path together). So, as in MPICH's progress engine, a caller that waits for a receive
+wake-up and a GIL transfer per message, more than the rest of the path together. So, as in MPICH's progress engine, a caller that waits for a receive
 reads and dispatches the frames of the peer it waits on itself (any-source: of every
 peer, through ``poll``), and each peer's reader thread reads only while no caller does.
 An idle rank thereby still takes in unexpected messages, heartbeats, control frames,
@@ -10,8 +9,7 @@ mismatch notices and the news of a death.
 
 Who may read a peer's socket is decided by its reader's ``gate``, a lock held for whole frames
 (a frame is never split between two readers). The reader thread must not fight a
-caller for it (waking on every frame and contending for the GIL was what made an
-earlier try slower): when it finds the gate held, or a caller that read within
+caller for it (waking on every frame would contend for the GIL with the caller): when it finds the gate held, or a caller that read within
 ``quiet`` seconds, it parks on the engine's condition and looks again every ``quiet``
 seconds (2 ms per peer, ``quiet_seconds``), so ranks exchanging messages back to back see
 their readers wake a few hundred times a second in all, not once per frame. Nothing is stranded when data arrives just as the caller
@@ -64,9 +62,8 @@ _POLLIN = select.POLLIN
 
 def spin_seconds(ranks_on_host: int) -> float:
     """How long a blocking read watches its socket first: ``SPIN_S``, or nothing when this
-    host's ranks outnumber its cores (spinning would take the core the awaited rank needs:
-    4 ranks on 2 cores, an 8 B all_reduce over the sockets took 195 us with a 50 us spin
-    against 155 us without; 2 ranks, 14 against 27 us)."""
+    host's ranks outnumber its cores (spinning would take the core the awaited rank needs;
+    the runs: docs/history.md)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -78,9 +75,8 @@ def quiet_seconds(peers: int) -> float:
     """How long a reader thread stands back after a caller read its peer: ``QUIET_S`` for
     each peer that has a reader thread, so that a rank's parked readers together look
     again about 500 times a second whatever the world size. Each look is a wake-up that
-    contends for the GIL; on 8 simulated hosts sharing 2 cores, 7 readers looking every
-    2 ms made an 8 B all_reduce 2.08-2.31 ms where every 14-20 ms gave 1.43-1.75 ms
-    (4 hosts: 2 and 6 ms level; 2 ranks on one host keep 2 ms)."""
+    contends for the GIL, so the more peers, the less often each looks (the runs:
+    docs/history.md)."""
     return QUIET_S * max(1, peers)
 
 
