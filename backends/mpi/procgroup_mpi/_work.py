@@ -1,8 +1,8 @@
 """MpiWork: the Work over one native MPI request, which every op of the channel returns.
 
 A blocking call is ``start_<op>(...).wait()`` (procgroup.backend), so ``wait`` is on
-most calls' path: it tests the request, spins on ``Test`` for about 0.1 ms (a small
-op ends within it, with no clock reads), then hands over to
+most calls' path: it tests the request, spins on ``Test`` a fixed number of times (a
+small op ends within them, with no clock reads), then hands over to
 :func:`procgroup.backend.poll` (spin, yield, sleep) with a deadline.
 
 What happens when a wait ends early:

@@ -237,7 +237,7 @@ class MpiChannel(DataChannel):
     def do_all_reduce(self, array: Any, op: ReduceOp) -> None:
         """The blocking form, for small all_reduces' latency: start_all_reduce's MPI call,
         then a Work (its timeout, parking, errors) only when the spin did not see it end.
-        start + wait costs about 0.5 us more per call (docs/backends/mpi.md)."""
+        start + wait costs more per call (docs/backends/mpi.md has the figures)."""
         plan = PLANS.get((op, array.dtype)) or reduce_plan(op, array.dtype)
         try:
             req = self._iallreduce(_IN_PLACE, [array, plan[0]], plan[1])

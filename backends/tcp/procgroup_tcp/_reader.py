@@ -10,8 +10,7 @@ events. Nothing here knows about receives or what a lost peer means.
 
 Why a buffer: one ``recv`` of up to 64 KiB takes a small frame's header and payload
 together (and any frames behind it), where reading the header and then the payload
-cost two system calls per message (about 0.75 us of CPU each on the development
-host). Payloads are copied out of the buffer only for the part that came with a
+would cost two system calls per message. Payloads are copied out of the buffer only for the part that came with a
 header; the rest of a large payload is read straight into its destination
 (``recv_into``, no copy). Rule: whole frames left in the buffer wake nobody (``poll``
 sees only the kernel's data), so a caller letting go of the gate dispatches them, unless
@@ -248,7 +247,7 @@ class FrameReader:
         ``want``: the tag of the caller's own unposted receive (``TcpChannel.do_recv``):
         a data frame of that tag lands in ``direct`` without matching (LANDED; a frame of
         the wrong size or dtype is read and dropped, and its error left in ``refused``).
-        On every message's path: kept flat (each call costs about 0.1 us).
+        On every message's path: kept flat (each Python call is a measurable share of it).
         """
         try:
             if self._skip and not self._skip_rest(wait):
@@ -332,11 +331,10 @@ class FrameReader:
 
     def _spin_then_read(self) -> int:
         """Nothing has come yet: watch the socket for ``spin`` seconds (``poll`` with no
-        timeout: the bytes are taken as they arrive, with no sleep and no wake-up, which on
-        a virtual machine costs 10-20 us each side), then block until the tick. -1: none.
-        The core is yielded between polls: a process sharing it (maybe the very sender;
-        the host's other jobs count too) runs meanwhile, where a plain spin made an 8 B
-        echo on a loaded host take 109 us instead of 8."""
+        timeout: the bytes are taken as they arrive, with no sleep and no wake-up), then
+        block until the tick. -1: none. The core is yielded between polls: a process
+        sharing it (maybe the very sender; the host's other jobs count too) runs meanwhile,
+        where a plain spin would keep it from the sender."""
         poll, end = self._poller.poll, _now() + self.spin
         while not poll(0) and _now() < end:
             _yield()
