@@ -13,7 +13,7 @@ from typing import Any
 from collections.abc import Mapping, Sequence
 
 from . import _auth, _logging, _ops, _state, config
-from ._settings import timeout_seconds
+from ._settings import Timeout, timeout_seconds
 from .backend import DataChannel
 from .errors import AlreadyInitializedError, CommTimeoutError, InvalidArgumentError, NotInitializedError
 from .groups import Group, GroupArg
@@ -38,7 +38,7 @@ def init_process_group(
     world_size: int = -1,
     rank: int = -1,
     group_name: str = "",
-    timeout: Any = None,
+    timeout: Timeout = None,
     store: Any = None,
     options: Mapping[str, Any] | None = None,
     token: str | bytes | None = None,
@@ -296,7 +296,7 @@ def get_backend(group: GroupArg = None) -> str:
 
 
 # --------------------------------------------------------------------- groups
-def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, timeout: Any = None,
+def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, timeout: Timeout = None,
               options: Mapping[str, Any] | None = None, *, sort_ranks: bool = True) -> Group:
     """Create a group of world ``ranks``; every rank of the world calls it, in the same order.
 

@@ -18,6 +18,9 @@ from .errors import InvalidArgumentError
 #: Larger timeouts overflow the OS's waits (sockets, condition variables, epoll).
 MAX_TIMEOUT_S = 1e9
 
+#: What a ``timeout=`` argument takes: seconds, a ``datetime.timedelta``, or None for the default.
+Timeout = float | datetime.timedelta | None
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -119,5 +122,5 @@ def plain_problem(err: Mapping[str, Any]) -> str:
     return "is invalid"
 
 
-__all__ = ["MAX_TIMEOUT_S", "env_bytes", "env_choice", "env_flag", "env_timeout", "plain_problem", "setting",
+__all__ = ["MAX_TIMEOUT_S", "Timeout", "env_bytes", "env_choice", "env_flag", "env_timeout", "plain_problem", "setting",
            "timeout_seconds"]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import _ops, _state
-from ._settings import timeout_seconds
+from ._settings import Timeout, timeout_seconds
 from .backend import ChannelContext, DataChannel, choose_address
 from .errors import (
     CommTimeoutError,
@@ -46,7 +46,7 @@ def failed_ranks(group: GroupArg = None) -> tuple[int, ...]:
     return _state.group_channel(group, "failed_ranks").failed_ranks()
 
 
-def agree(flag: bool, group: GroupArg = None, timeout: Any = None) -> bool:
+def agree(flag: bool, group: GroupArg = None, timeout: Timeout = None) -> bool:
     """The AND of ``flag`` over the live members of ``group``, the same on every survivor
     even when a member dies during the call (ULFM's agreement). Collective."""
     if not isinstance(flag, (bool, int, np.bool_)):
@@ -55,7 +55,7 @@ def agree(flag: bool, group: GroupArg = None, timeout: Any = None) -> bool:
     return channel.agree(bool(flag), _timeout(timeout)).value
 
 
-def _timeout(timeout: Any) -> float:
+def _timeout(timeout: Timeout) -> float:
     return _state.world().timeout if timeout is None else timeout_seconds(timeout)
 
 
@@ -117,7 +117,7 @@ def _ifname(st: _state.State) -> str | None:
     return None if value is None else str(value)
 
 
-def shrink(group: GroupArg = None, timeout: Any = None) -> Group:
+def shrink(group: GroupArg = None, timeout: Timeout = None) -> Group:
     """A new group of the live members of ``group``, ranked in their old order.
 
     Collective over the survivors. For the default group it replaces the world: from
