@@ -167,21 +167,44 @@ class ClientHandshake:
             raise AuthenticationError(f"{self._peer} could not prove it holds the job token: not this job's peer")
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float, peer: str) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AuthenticationError(f"{peer}: the authentication handshake did not finish in time")
-        sock.settimeout(left)
+class ClosedEarly(ConnectionError):
+    """The peer closed the connection before the bytes asked for came (``recv_exact``)."""
+
+
+def recv_exact(sock: socket.socket, size: int, deadline: float | None = None, peer: str = "the peer") -> bytes:
+    """Read exactly ``size`` bytes from a blocking socket: the one such reader of procgroup
+    (the store protocol, the handshakes, tcp's hello). ClosedEarly on EOF; with a
+    ``deadline`` (time.monotonic()), TimeoutError once it passes (the socket's timeout is
+    set to what is left before each read); without one, the socket's own timeout applies."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{peer} sent {got} of {size} bytes in time")
+            sock.settimeout(left)
         try:
-            chunk = sock.recv(n - len(data))
-        except socket.timeout:
+            n = sock.recv_into(view[got:], size - got)
+        except TimeoutError:
+            if deadline is None:
+                raise
             continue
-        if not chunk:
-            raise AuthenticationError(f"{peer} closed the connection during the authentication handshake")
-        data += chunk
-    return bytes(data)
+        if n == 0:
+            raise ClosedEarly(f"{peer} closed the connection after {got} of {size} bytes")
+        got += n
+    return bytes(buf)
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float, peer: str) -> bytes:
+    """``recv_exact`` within the handshake's deadline, its failures as AuthenticationError."""
+    try:
+        return recv_exact(sock, n, deadline, peer)
+    except TimeoutError:
+        raise AuthenticationError(f"{peer}: the authentication handshake did not finish in time") from None
+    except ClosedEarly:
+        raise AuthenticationError(f"{peer} closed the connection during the authentication handshake") from None
 
 
 def client_handshake(sock: socket.socket, key: bytes, purpose: bytes, peer: str,

@@ -122,3 +122,39 @@ def test_dtype_codes_name_their_dtype(dtype: str) -> None:
 def test_a_dtype_code_from_a_peer_is_a_dtype_or_itself(code: bytes) -> None:
     got = dtype_of(code)
     assert isinstance(got, np.dtype) or got == code
+
+
+def test_recv_exact_puts_together_what_comes_in_pieces() -> None:
+    import socket
+    import threading
+    import time
+
+    from procgroup.backend import recv_exact
+
+    a, b = socket.socketpair()
+    with a, b:
+        def write() -> None:
+            for piece in (b"he", b"ll", b"o!"):
+                a.sendall(piece)
+                time.sleep(0.005)
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert recv_exact(b, 6, time.monotonic() + 5.0) == b"hello!"
+        writer.join()
+
+
+def test_recv_exact_reports_a_close_and_a_deadline() -> None:
+    import socket
+    import time
+
+    from procgroup._auth import ClosedEarly
+    from procgroup.backend import recv_exact
+
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"abc")
+        with pytest.raises(TimeoutError, match="sent 3 of 8 bytes"):
+            recv_exact(b, 8, time.monotonic() + 0.02, peer="rank 3")
+        a.close()
+        with pytest.raises(ClosedEarly, match="rank 3 closed the connection after 0 of 8"):
+            recv_exact(b, 8, peer="rank 3")

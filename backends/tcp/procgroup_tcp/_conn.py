@@ -27,6 +27,7 @@ from procgroup.backend import (
     env_bytes,
     fresh,
     job_key,
+    recv_exact,
     server_handshake,
 )
 from procgroup.errors import CommTimeoutError, PeerError, ProcGroupError
@@ -244,7 +245,8 @@ def _admit(conn: socket.socket, who: str, ctx: ChannelContext, key: bytes, nonce
         start = time.monotonic()
         server_handshake(conn, key, _purpose(ctx, nonce), who, limit)
         conn.settimeout(max(limit - (time.monotonic() - start), 0.05))
-        outcome = _wire.unpack_hello(_recv_exact_small(conn, _wire.HELLO_SIZE), ctx.size, ctx.group_id, nonce)
+        outcome = _wire.unpack_hello(recv_exact(conn, _wire.HELLO_SIZE, peer=f"{who} (its hello)"), ctx.size,
+                                      ctx.group_id, nonce)
     except (OSError, ValueError, ProcGroupError) as exc:
         outcome = exc
     pending.discard(conn)
@@ -277,16 +279,6 @@ def _connect_to(ctx: ChannelContext, key: bytes, peer: int, deadline: float) -> 
             raise
     raise CommTimeoutError(f"tcp: could not connect to rank {gr} at {host}:{port} within {ctx.timeout}s: {last}",
                            op="init", ranks=[gr])
-
-
-def _recv_exact_small(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise ValueError("connection closed during hello")
-        data += chunk
-    return data
 
 
 class Peer:

@@ -154,7 +154,7 @@ class Unexpected:
         self.error: BaseException | None = None
 
     def admit(self, nbytes: int, dtype_char: bytes, sender: int) -> memoryview:
-        return memoryview(self.data)  # type: ignore[arg-type]
+        return memoryview(self.data)
 
     def finish(self, sender: int, error: BaseException | None = None) -> None:
         self.error = error
@@ -316,7 +316,7 @@ class Matcher:
         if ux.error is not None:
             raise fresh(ux.error)
         check_size(ux.data.nbytes, ux.dtype_char, view, dtype, self.global_rank(ux.src))
-        view[:] = memoryview(ux.data)  # type: ignore[arg-type]
+        view[:] = memoryview(ux.data)
 
     def wait_event(self, done: threading.Event, timeout: float) -> bool:
         """Wait for a queued frame still arriving (its reader sets ``done``), making the

@@ -89,7 +89,7 @@ def byte_view(array: np.ndarray) -> memoryview:
     try:
         return memoryview(array).cast("B")
     except (TypeError, ValueError):
-        return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+        return memoryview(array.reshape(-1).view(np.uint8))
 
 
 #: dtype -> the one-byte code a frame header carries (filled by ``dtype_code``)

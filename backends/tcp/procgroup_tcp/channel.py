@@ -6,17 +6,21 @@ strategy of ``_strategies``), ``_shm`` (collectives in shared memory when every 
 on this host), ``_p2p`` (point-to-point in shared memory with each peer on this host),
 ``_dispatch`` (the collective dispatchers, shared with TcpSubChannel) and
 ``_collectives`` (which algorithm runs a collective over the sockets, by size and world
-size; the pipelines are ``procgroup.algorithms.pipelined``). It is
-the Peers' :class:`~procgroup_tcp._conn.PeerEvents`: frames land
-through the matcher, and a peer lost without a goodbye breaks the channel
+size; the pipelines are ``procgroup.algorithms.pipelined``). It is the Peers'
+:class:`~procgroup_tcp._conn.PeerEvents`, through the two mixins of ``_faults``: frames
+land through the matcher after their fingerprint is compared (ranks that disagree get a
+:class:`~procgroup.errors.MismatchError` on every rank, and the group stays usable), and
+a peer lost without a goodbye breaks the channel
 (:meth:`~procgroup.backend.DataChannel.fail`): every pending and later call raises
-:class:`~procgroup.errors.PeerError` naming that rank.
+:class:`~procgroup.errors.PeerError` naming that rank. The arena compares the ranks'
+descriptions of each op itself.
 
-Agreement: every collective over the sockets carries its op's fingerprint in its
-frames (``_fingerprints``), the arena compares the ranks' descriptions of each op;
-ranks that disagree get a :class:`~procgroup.errors.MismatchError` on every rank
-(the rank that sees it first tells every peer with a mismatch notice), and the
-group stays usable.
+A receive's path, top-down: ``do_recv``/``start_recv`` -> ``Matcher.post`` (a queued
+frame is taken at once) -> ``PostedRecv.wait`` -> the matcher's one ``Progress``
+strategy (``_strategies``): on the sockets ``Engine.drive`` -> ``FrameReader.read_frame``
+-> ``match_incoming`` (``_faults``) -> ``Matcher.match_incoming`` -> the payload lands in
+the receive; in shared memory ``ShmP2P.wait_until`` drains the rings into the same
+``match_incoming``. docs/architecture.md draws it.
 
 Ops, in the SDK's forms: a send to a same-host peer goes through its shared-memory
 ring (``_p2p``), and every receive is posted in the one matcher, whose waits then
@@ -39,33 +43,27 @@ from procgroup.backend import (
     ChannelContext,
     CompletedWork,
     DataChannel,
-    Fingerprint,
     FutureWork,
     SubChannel,
     Work,
     fresh,
     host_address,
-    mismatch,
 )
 from procgroup.errors import ChannelClosedError, PeerError
 
 from ._conn import Peer, PeerEvents, connect_mesh, left_error
 from ._dispatch import TcpCollectives
+from ._faults import DeathHandling, MismatchHandling
 from ._fingerprints import Ledger
 from ._heartbeat import Heartbeat, deadline_seconds
-from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
+from ._match import Matcher, PostedRecv
 from ._p2p import OutLink, ShmP2P, open_p2p
 from ._progress import TICK_S, Engine, quiet_seconds, spin_seconds
 from ._strategies import SharedMemoryProgress, SocketProgress
 from ._shm import SharedMemoryArena, all_on_one_host, host_identity
 from ._wire import (
     KIND_CONTROL,
-    KIND_MISMATCH,
-    KIND_PEER_LOST,
-    LOST,
-    MAX_LOST_BYTES,
     NO_FP,
-    NOTICE,
     DTYPE_CODES,
     byte_view,
     dtype_code,
@@ -81,7 +79,7 @@ INLINE_SEND_BYTES = 256 * 1024
 DIRECT_RECV_BYTES = 64 * 1024
 
 
-class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
+class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, PeerEvents):
     """The tcp backend's communicator; see the module docstring for the layers."""
 
     backend_name = "tcp"
@@ -169,10 +167,6 @@ class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
         if self._p2p is not None:
             self._p2p.progress()
 
-    def _ring_broken(self, rank: int, exc: PeerError) -> None:
-        """A shared-memory ring broke its rules: like a socket that did."""
-        self.peer_failed(self._peers[rank], exc)
-
     def _may_post(self, src: int | None) -> None:
         """The matcher asks, under its lock, before it posts a receive."""
         self.check_usable()
@@ -180,177 +174,10 @@ class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
             raise left_error(self._peers[src].global_rank)
 
     # ---------------------------------------------------------------- PeerEvents
-    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes,
-                       fp: bytes) -> PostedRecv | Unexpected | Discard:
-        expected = self._fps.get(tag)
-        if expected is not None:
-            if fp != expected:
-                self._mismatched(tag, expected, fp, src)
-                return DISCARD
-            return self._matcher.match_incoming(src, tag, nbytes, dtype_char, fp)
-        if self._ledger.done and self._late_frame(src, tag, fp):
-            return DISCARD
-        found = self._matcher.match_incoming(src, tag, nbytes, dtype_char, fp)
-        # its collective may have ended between the look-up above and the queueing
-        if isinstance(found, Unexpected) and self._ledger.done:
-            self._late_frame(src, tag, fp)
-        return found
-
-    # ---------------------------------------------------------------- mismatches found late
-    # A rank whose part of a collective only sends cannot see a disagreement before it
-    # returns; these find it afterwards (see ``_fingerprints.Ledger``).
-    def _late_frame(self, src: int, tag: int, fp: bytes) -> bool:
-        """A frame for a collective this rank already finished, of another op: a mismatch."""
-        entry = self._ledger.done.get(tag)
-        if entry is None or entry[0] == fp or tag in self._matcher.dead:
-            return False
-        self._ledger.mark_late(tag, self._mismatched(tag, entry[0], fp, src))
-        return True
-
-    def _probe(self, req: PostedRecv) -> bool:
-        """A receive has waited a while: if it is a collective's, tell its sender the
-        fingerprint (False: a user's receive, nothing to compare)."""
-        fp = self._fps.get(req.tag)
-        peer = self._peers.get(req.src) if req.src is not None else None
-        if fp is None or peer is None:
-            return False
-        peer.send_probe(req.tag, fp)
-        return True
-
-    def fingerprint_probe(self, peer: Peer, tag: int, fp: bytes) -> None:
-        """``peer`` waits to receive in the collective of ``tag`` under ``fp``: a running or
-        finished collective of that tag with another fingerprint is a mismatch (one this
-        rank has not reached yet is not: the peer probes again)."""
-        expected = self._fps.get(tag)
-        if expected is not None:
-            if fp != expected:
-                self._mismatched(tag, expected, fp, peer.rank)
-        elif self._ledger.done:
-            self._late_frame(peer.rank, tag, fp)
-
-    def _collective_ended(self, tag: int, fp: bytes) -> BaseException | None:
-        """The collective of ``tag`` ended here: a frame of another op still queued under its
-        tag is a mismatch, and so is a mismatch found (or told) while it ran."""
-        matcher = self._matcher
-        ux = matcher.queued(tag)
-        if ux is not None and ux.fp != fp:
-            self._mismatched(tag, fp, ux.fp, ux)
-        return matcher.dead_error(tag) if matcher.dead else None
-
-    def _mismatched(self, tag: int, mine: bytes, theirs: bytes, src: int | Unexpected) -> BaseException:
-        """This rank found the collective of ``tag`` disagrees: fail it here, tell every peer."""
-        if isinstance(src, Unexpected):
-            theirs, src = src.fp, src.src
-        me, them = self.ctx.global_rank(self.rank), self.ctx.global_rank(src)
-        exc = mismatch(Fingerprint.unpack(mine), Fingerprint.unpack(theirs), me, them)
-        if self._matcher.poison(tag, exc):
-            notice = memoryview(NOTICE.pack(me, them, mine, theirs))
-            for peer in self._peers.values():
-                if not peer.left:
-                    peer.send_async(notice, tag, b"B", NO_FP, KIND_MISMATCH)
-        return exc
-
-    def mismatch_notice(self, peer: Peer, tag: int, notice: bytes) -> None:
-        """A peer found the collective of ``tag`` disagrees: it fails here too."""
-        detector, sender, mine, theirs = NOTICE.unpack(notice)
-        exc = mismatch(Fingerprint.unpack(mine), Fingerprint.unpack(theirs), detector, sender)
-        self._matcher.poison(tag, exc)
-        self._ledger.mark_late(tag, exc)  # when this rank's part has already returned
-
-    def peer_left(self, peer: Peer) -> None:
-        """A goodbye: fail the receives that wait on that peer alone (after taking in what it
-        wrote to shared memory before it left, which is still delivered).
-
-        A peer that saw a death often leaves right after it: when this channel knows of a
-        death, those receives get the death, not the leave (another thread may be breaking
-        the channel at this moment, and its error must not lose the race to this one)."""
-        exc: BaseException = left_error(peer.global_rank)
-        dead = self.failed_ranks()
-        if self._failure is not None:
-            exc = self._failure
-        elif dead:
-            gr = self.ctx.global_rank(dead[0])
-            exc = PeerError(f"rank {gr} died (rank {peer.global_rank} left after it)", rank=gr)
-        if self._p2p is not None and peer.rank in self._shm_out:
-            self._p2p.drain_from(peer.rank)
-            self._p2p.fail_to(peer.rank, exc)
-        self._matcher.fail_from(peer.rank, exc)
-
-    def known_failure(self) -> BaseException | None:
-        return self._failure
-
-    def peer_failed(self, peer: Peer, exc: PeerError) -> None:
-        """A connection dropped without goodbye: break the channel for every caller, and
-        tell the other peers which rank it was (they may see this rank go next, and must
-        not blame it; a later death is told too, so every survivor learns of each)."""
-        if self._closed:
-            peer.reader.fail_current(exc)
-            return
-        first = self.peer_died(peer.rank, exc)  # recorded before the callers wake (failed_ranks)
-        peer.reader.fail_current(exc)
-        if not first:
-            return
-        body = LOST.pack(peer.global_rank) + str(exc).encode()[:MAX_LOST_BYTES - LOST.size]
-        for other in self._peers.values():
-            if other is not peer and not other.left and other.rank not in self.failed_ranks():
-                other.send_notice(body, KIND_PEER_LOST)  # now: this process may exit next
-
-    def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
-        """A peer lost rank ``lost``: this channel is broken too, and names that rank; the
-        connection to it is cut (a frozen rank others gave up on is given up on here too)."""
-        exc = PeerError(f"{reason} (reported by rank {peer.global_rank})", rank=lost)
-        local = self._local_rank(lost)
-        if local is None or local == self.rank:
-            self._break(peer, exc)
-        elif self.peer_died(local, exc):  # recorded, then the channel breaks
-            gone = self._peers.get(local)
-            if gone is not None:
-                gone.kill()
-
-    def _tell_deaths(self) -> None:
-        """Before the goodbyes: every live peer hears of each death this rank knows of, in
-        the stream its goodbye follows. A peer waiting on this rank then learns the cause
-        before the leave, however its threads are scheduled (a rank told of a death by a
-        notice does not pass it on at once; a peer known to know it ignores it)."""
-        dead = self.failed_ranks()
-        if not dead:
-            return
-        live = [p for p in self._peers.values() if p.rank not in dead and not p.over]
-        for rank in dead:
-            gr = self.ctx.global_rank(rank)
-            body = LOST.pack(gr) + f"rank {gr} died".encode()
-            for peer in live:
-                peer.send_notice(body, KIND_PEER_LOST)
-
-    def _local_rank(self, global_rank: int) -> int | None:
-        ranks = self.ctx.global_ranks
-        if not ranks:
-            return global_rank if 0 <= global_rank < self.size else None
-        try:
-            return list(ranks).index(global_rank)
-        except ValueError:
-            return None
-
-    def _break(self, peer: Peer | None, exc: BaseException) -> bool:
-        if not self.fail(exc):  # closed or broken already
-            if peer is not None:
-                peer.reader.fail_current(exc)
-            return False
-        self._matcher.fail_all(exc)
-        if self._p2p is not None:
-            self._p2p.fail_all(exc)
-        for other in self._peers.values():
-            other.fail_pending_sends(exc)
-            other.reader.fail_current(exc)
-        if self._shm is not None:  # later ops take the socket path, whose first check raises
-            self._broken_shm, self._shm = self._shm, None
-        return True
+    # match_incoming, the probes and the mismatch notices are MismatchHandling's,
+    # peer_left/peer_failed/peer_lost_notice and the channel's break DeathHandling's (``_faults``).
 
     # ---------------------------------------------------------------- surviving a death
-    def interrupt(self, exc: BaseException) -> bool:
-        """Break the channel and wake every pending receive, send and arena wait."""
-        return self._break(None, exc)
-
     def do_control_send(self, dst: int, payload: bytes) -> None:
         peer = self._peers.get(dst)
         if peer is None or peer.left:
@@ -359,19 +186,6 @@ class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
 
     def control_message(self, peer: Peer, body: bytes) -> None:
         self.control_received(peer.rank, body)
-
-    def _live_peers(self) -> list[Peer]:
-        dead = self.failed_ranks()
-        return [p for p in self._peers.values() if not p.left and p.rank not in dead]
-
-    def _silent(self, peer: Peer, silent_for: float) -> None:
-        """The heartbeat found ``peer`` silent past the deadline: it counts as dead."""
-        deadline = self._heartbeat.deadline if self._heartbeat is not None else 0.0
-        self.peer_failed(peer, PeerError(
-            f"rank {peer.global_rank} sent nothing for {silent_for:.1f}s, past the heartbeat deadline of "
-            f"{deadline:g}s (PROCGROUP_HEARTBEAT_TIMEOUT): it is stopped or its host hung; counted as dead",
-            rank=peer.global_rank))
-        peer.kill()
 
     # ---------------------------------------------------------------- point to point
     # Same-host peers (``self._shm_out``) go through shared memory (``_p2p``), the others
@@ -411,7 +225,7 @@ class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
         peer's frames on this thread (``_progress``): a small user message that nothing
         posted or queued before it could claim lands straight in ``array`` (no matching);
         otherwise it is posted and this thread reads until it lands."""
-        peer = self._peers.get(src) if self._direct and src is not None else None  # type: ignore[arg-type]
+        peer = self._peers.get(src) if self._direct and src is not None else None
         if peer is None or peer.state.left or self._failure is not None or self._closed:
             work = self.start_recv(array, src, tag)
             work.wait()
@@ -437,11 +251,11 @@ class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
         req = self._matcher.post(view, src, tag, array.dtype, self._fps.get(tag), self._mismatched)
         if req.__class__ is not PostedRecv:  # served from the unexpected queue
             return int(req.result())
-        if not req.completed and not self._matcher.settle(req, self.timeout):  # type: ignore[arg-type]
-            req.timed_out(self.timeout, False)  # type: ignore[attr-defined]
-        if req.error is not None:  # type: ignore[attr-defined]
-            raise fresh(req.error)  # type: ignore[attr-defined]
-        return req.sender  # type: ignore[attr-defined,no-any-return]
+        if not req.completed and not self._matcher.settle(req, self.timeout):
+            req.timed_out(self.timeout, False)
+        if req.error is not None:
+            raise fresh(req.error)
+        return req.sender
 
     def start_recv(self, array: Any, src: int | None = None, tag: int = 0) -> Work:
         self.check_usable()

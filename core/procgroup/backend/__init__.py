@@ -15,7 +15,7 @@ Backends import this package, ``procgroup.errors``, ``procgroup.ops``,
 nothing private.
 """
 
-from .._auth import client_handshake, job_key, server_handshake
+from .._auth import client_handshake, job_key, recv_exact, server_handshake
 from .._settings import (
     MAX_TIMEOUT_S,
     env_bytes,
@@ -89,6 +89,7 @@ __all__ = [
     "late_peers",
     "mismatch",
     "poll",
+    "recv_exact",
     "server_handshake",
     "setting",
     "timeout_seconds",

@@ -17,6 +17,7 @@ import os
 import socket
 import struct
 
+from procgroup._auth import recv_exact
 from procgroup.errors import InvalidArgumentError
 
 HEADER = struct.Struct("!BI")
@@ -218,32 +219,20 @@ def try_decode(buf: bytearray) -> tuple[int, list[bytes], int] | None:
     return code, fields, pos
 
 
-def recv_exact(sock: socket.socket, size: int) -> bytes:
-    """Read exactly ``size`` bytes; ConnectionError on EOF."""
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:], size - got)
-        if n == 0:
-            raise ConnectionError("connection closed by the TCPStore server")
-        got += n
-    return bytes(buf)
-
-
+_SERVER = "the TCPStore server"
 #: A reply larger than this is a broken server (values are capped well below it).
 MAX_REPLY_FIELD = 1 << 40
 
 
 def recv_message(sock: socket.socket) -> tuple[int, list[bytes]]:
-    """Blocking read of one whole message (client side)."""
-    code, n = HEADER.unpack(recv_exact(sock, HEADER.size))
+    """Blocking read of one whole message (client side); ConnectionError on EOF."""
+    code, n = HEADER.unpack(recv_exact(sock, HEADER.size, peer=_SERVER))
     if n > MAX_FIELDS:
         raise ConnectionError(f"TCPStore server sent a reply of {n} fields")
     fields = []
     for _ in range(n):
-        (size,) = LENGTH.unpack(recv_exact(sock, LENGTH.size))
+        (size,) = LENGTH.unpack(recv_exact(sock, LENGTH.size, peer=_SERVER))
         if size > MAX_REPLY_FIELD:
             raise ConnectionError(f"TCPStore server sent a reply field of {size} bytes")
-        fields.append(recv_exact(sock, size))
+        fields.append(recv_exact(sock, size, peer=_SERVER))
     return code, fields
