@@ -68,7 +68,7 @@ class AgentStore:
         """Rank 0's ``(host, port)``; waits up to the timeout given at construction."""
         try:
             raw = bytes(self._store.get(key))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the same: any failure of get() is a missing address
             raise StoreTimeoutError(
                 f"env://: rank 0 did not publish its store address in torchrun's agent store at "
                 f"{self.where} ({exc})", op="rendezvous", ranks=[0]) from None
