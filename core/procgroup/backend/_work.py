@@ -45,6 +45,9 @@ class Work:
     ``wait()`` blocks until the op is done and re-raises its error; with a ``timeout`` it
     raises :class:`~procgroup.errors.CommTimeoutError` when the op is still running (the
     op goes on; a later wait may still succeed).
+
+    A Work is awaitable: ``await work`` in a coroutine waits without blocking the event
+    loop and raises what ``wait()`` would (docs/asyncio.md).
     """
 
     op: str = "op"
