@@ -46,6 +46,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from procgroup._launch.supervisor import pid_alive
+
 from .simcluster import SimCluster, remove_cluster, stale_clusters
 from .simcluster import missing as netns_missing
 from .simcluster._netns import SetupError
@@ -67,6 +69,8 @@ PROGRAMS = {
 #: seconds the daemons get to start and every node to become idle
 START_TIMEOUT_S = 90.0
 PARTITION = "debug"
+#: a cluster's temporary directory is <tmp>/pgslurm-<creator pid>-<random>
+DIR_PREFIX = "pgslurm-"
 
 
 def _which(name: str) -> str | None:
@@ -166,7 +170,8 @@ class SlurmCluster:
             raise SetupError(f"cannot build a Slurm cluster here: {why}")
         for tag in stale_clusters():  # namespaces and daemons of clusters whose creator died
             remove_cluster(tag)
-        self.dir = Path(tempfile.mkdtemp(prefix="pgslurm-"))
+        _remove_stale_dirs()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
         os.chmod(self.dir, 0o755)  # munged refuses a socket directory others may write
         self.sim.start()
         self._start_munged()
@@ -330,6 +335,14 @@ class SlurmCluster:
                 return state
             time.sleep(0.3)
         raise SetupError(f"job {job_id} still {state or 'unknown'} after {timeout:.0f} s")
+
+
+def _remove_stale_dirs() -> None:
+    """Remove the temporary directories of clusters whose creating process is gone."""
+    for path in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*-*"):
+        pid = path.name[len(DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _with_host_cgroups() -> list[str]:
