@@ -173,7 +173,7 @@ def test_parse_refuses_what_is_not_a_control_message() -> None:
     assert parse(b'{"g": 0, "pad": "' + b"x" * MAX_CONTROL_BYTES + b'"}') is None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=256))
 def test_parse_never_raises_on_a_peers_bytes(payload: bytes) -> None:
     msg = parse(payload)
@@ -184,7 +184,7 @@ _values = st.one_of(st.none(), st.booleans(), st.integers(-3, 2**40), st.text(ma
                     st.lists(st.integers(-2, 6), max_size=8))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(src=st.integers(-2, 5), msg=st.fixed_dictionaries(
     {"g": st.just(0), "t": st.sampled_from(["contrib", "query", "decide", "bogus"])},
     optional={"i": _values, "f": _values, "d": _values, "v": _values, "x": _values}))

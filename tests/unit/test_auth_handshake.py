@@ -81,7 +81,7 @@ def test_a_silent_peer_times_out_and_a_closing_one_is_named() -> None:
     a.close()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=2 * _auth.REPLY_BYTES))
 def test_any_reply_without_the_key_is_refused(reply: bytes) -> None:
     server = _auth.ServerHandshake(KEY, b"store")
@@ -90,7 +90,7 @@ def test_any_reply_without_the_key_is_refused(reply: bytes) -> None:
     assert not ok and verdict == bytes(_auth.VERDICT_BYTES)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=2 * _auth.GREETING_BYTES), st.binary(max_size=2 * _auth.VERDICT_BYTES))
 def test_any_greeting_and_verdict_from_an_impostor_is_refused(greeting: bytes, verdict: bytes) -> None:
     client = _auth.ClientHandshake(KEY, b"store", "peer")

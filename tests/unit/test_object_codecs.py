@@ -38,7 +38,7 @@ _plain = st.recursive(
     max_leaves=12)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(_plain, st.integers(2, pickle.HIGHEST_PROTOCOL))
 def test_plain_data_round_trips_with_weights_only(obj: object, protocol: int) -> None:
     assert _safe_pickle.loads(pickle.dumps(obj, protocol), weights_only=True) == obj
@@ -63,7 +63,7 @@ def test_anything_else_is_refused_naming_it(obj: object, named: str) -> None:
         _safe_pickle.loads(data, weights_only=True)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=64))
 def test_random_bytes_never_run_code(data: bytes) -> None:
     """Whatever a peer sends, weights_only unpickling builds plain data or raises."""

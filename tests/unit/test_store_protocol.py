@@ -24,7 +24,7 @@ def test_encode_then_decode_is_the_identity(code: Op, fields: list[bytes]) -> No
     assert try_decode(bytearray(frame[:-1])) is None or not fields and len(frame) == HEADER.size
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(frames=st.lists(st.tuples(st.sampled_from(list(Op)), _fields), min_size=1, max_size=5),
        cuts=st.lists(st.integers(1, 40), max_size=30))
 def test_the_frame_reader_reassembles_any_split(frames: list[tuple[Op, list[bytes]]], cuts: list[int]) -> None:
@@ -62,7 +62,7 @@ def test_protocol_violations_are_frame_errors() -> None:
         try_decode(bytearray(HEADER.pack(0, _wire.MAX_FIELDS + 1)))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=200))
 def test_random_bytes_are_requests_or_a_frame_error(data: bytes) -> None:
     """Nothing a client sends makes the reader raise anything but FrameError, or keep
