@@ -345,19 +345,20 @@ class ShmP2P:
                 if link.stream is not None or nbytes > MAX_MESSAGE_BYTES or not 0 < n <= nbytes:
                     raise RingCorrupt(f"a first chunk of {n} bytes for {nbytes} bytes")
                 landing = self._match(src, tag, nbytes, dtype_char, fp)
+                into: memoryview | None
                 try:
-                    view: memoryview | None = landing.admit(nbytes, dtype_char, gsrc)
+                    into = landing.admit(nbytes, dtype_char, gsrc)
                 except Exception as exc:  # noqa: BLE001 - the receiver gets it; the chunks are dropped
                     landing.finish(src, exc)
-                    view = None
-                if view is not None:
-                    view[:n] = data[at : at + n]
+                    into = None
+                if into is not None:
+                    into[:n] = data[at : at + n]
                 r.consume(at, n)
                 if n == nbytes:
-                    if view is not None:
+                    if into is not None:
                         landing.finish(src)
                 else:
-                    link.stream = [landing, view, n, nbytes]
+                    link.stream = [landing, into, n, nbytes]
             else:  # K_MORE
                 st = link.stream
                 if st is None or tag != st[2] or not 0 < n <= st[3] - st[2]:
@@ -666,15 +667,15 @@ def open_p2p(
             r,
             ctx.global_rank(r),
             RingReader(
-                inbox_view,
-                BLOCK_BYTES + slot[r] * ring_bytes(RING_BYTES),  # type: ignore[arg-type]
+                inbox_view,  # type: ignore[arg-type]  # not None: the loop skips a rank when inbox is None
+                BLOCK_BYTES + slot[r] * ring_bytes(RING_BYTES),
                 RING_BYTES,
             ),
             pids[r],
         )
     if inbox_view is not None:
         views.append(inbox_view)
-        maps.append(inbox)  # type: ignore[arg-type]
+        maps.append(inbox)  # type: ignore[arg-type]  # inbox_view exists only with an inbox
     if not out:
         for view in views:
             view.release()
@@ -686,7 +687,7 @@ def open_p2p(
         [ctx.global_rank(r) for r in out],
         [ctx.global_rank(r) for r, o in out.items() if o.cma],
     )
-    bell = Doorbell(inbox_view)  # type: ignore[arg-type]
+    bell = Doorbell(inbox_view)  # type: ignore[arg-type]  # out is not empty, so an inbox was mapped
     return ShmP2P(maps, views, bell, out, inbound, ctx.timeout, check, has_left, match, corrupt)
 
 

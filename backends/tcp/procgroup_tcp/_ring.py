@@ -128,7 +128,7 @@ class RingReader:
         self._tail = self._words[_TAIL_WORD]
         return self._tail != self.head
 
-    def next(self) -> tuple[int, bytes, int, int, int, bytes, int]:
+    def next(self) -> tuple[int, bytes, int, int, bytes, int, int]:
         """(kind, dtype char, tag, message bytes, fingerprint, payload offset, payload bytes)
         of the next record; call :meth:`consume` once its payload has been copied."""
         pos = self.head % self.capacity
