@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import array as pyarray
 import os
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 

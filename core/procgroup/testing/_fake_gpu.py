@@ -21,7 +21,7 @@ class FakeGpuArray:
         self.host = np.ascontiguousarray(np.array(data, dtype=dtype))
 
     @classmethod
-    def zeros(cls, shape: Any, dtype: Any = np.float32) -> "FakeGpuArray":
+    def zeros(cls, shape: Any, dtype: Any = np.float32) -> FakeGpuArray:
         return cls(np.zeros(shape, dtype=dtype))
 
     @property

@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
+from collections.abc import Callable
 
 import pytest
 
