@@ -9,7 +9,7 @@ import atexit
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Mapping, Sequence
 
 from . import _auth, _logging, _ops, _state, config
@@ -18,6 +18,9 @@ from .backend import DataChannel
 from .errors import AlreadyInitializedError, CommTimeoutError, InvalidArgumentError, NotInitializedError
 from .groups import Group, GroupArg
 from .plugins import backends, load_channel_class
+
+if TYPE_CHECKING:
+    from .rendezvous import Store
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ def init_process_group(
     rank: int = -1,
     group_name: str = "",
     timeout: Timeout = None,
-    store: Any = None,
+    store: Store | None = None,
     options: Mapping[str, Any] | None = None,
     token: str | bytes | None = None,
 ) -> None:
@@ -88,7 +91,7 @@ def init_process_group(
     _after_init_hooks()
 
 
-def _all_joined(store: Any, rank: int, size: int, timeout: float) -> None:
+def _all_joined(store: Store, rank: int, size: int, timeout: float) -> None:
     """Return once every rank has built its channel, and (on rank 0) once every other rank
     knows it: a rank 0 that hosts the Store and returns at once, then exits (the 2017
     suite's ranks end with os._exit), must not pull the Store from under a rank that is
@@ -103,7 +106,7 @@ def _all_joined(store: Any, rank: int, size: int, timeout: float) -> None:
         store.add("init/seen", 1)
 
 
-def _wait_count(store: Any, key: str, target: int, timeout: float) -> None:
+def _wait_count(store: Store, key: str, target: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     nap = 0.0005
     while store.add(key, 0) < target:
