@@ -220,7 +220,7 @@ class FileStore(Store):
                 break
             kind, key, value, pos = rec
             if kind == _SET:
-                self._data[key] = value  # type: ignore[assignment]
+                self._data[key] = value  # type: ignore[assignment]  # a _SET record always carries a value
             else:
                 self._data.pop(key, None)
         self._offset += pos

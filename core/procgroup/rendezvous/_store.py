@@ -153,5 +153,5 @@ class Store(abc.ABC):
     def __del__(self) -> None:  # best effort; never raise from a finaliser
         try:
             self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass

@@ -309,7 +309,7 @@ class TCPStore(Store):
     def __del__(self) -> None:
         try:
             self._close(0.0)  # never block in a finaliser
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
 
     def _close(self, grace: float) -> None:

@@ -201,7 +201,7 @@ class StoreServer:
     def _shutdown(self) -> None:
         for key in list(self._sel.get_map().values()):
             try:
-                key.fileobj.close()  # type: ignore[union-attr]
+                key.fileobj.close()  # type: ignore[union-attr]  # every registered object is a socket
             except OSError:
                 pass
         self._sel.close()
