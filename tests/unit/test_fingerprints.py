@@ -73,14 +73,14 @@ def test_each_collective_of_a_channel_gets_the_next_sequence_number() -> None:
     (("broadcast", np.zeros(2), 0, None), ("broadcast", np.zeros(2), 1, None)),
     (("gather", np.zeros(2), 0, None), ("scatter", np.zeros(2), 0, None)),
 ])
-def test_calls_that_differ_get_different_fingerprints(a: tuple, b: tuple) -> None:  # type: ignore[type-arg]
+def test_calls_that_differ_get_different_fingerprints(a: tuple, b: tuple) -> None:  # type: ignore[type-arg]  # any call's arguments
     assert Fingerprints().next(*a) != Fingerprints().next(*b)
 
 
 def test_a_collective_record_is_a_frozen_value() -> None:
     call = Collective(tag=5, fp=bytes(32))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        call.tag = 6  # type: ignore[misc]
+        call.tag = 6  # type: ignore[misc]  # assigning a frozen field on purpose
     assert call == Collective(5, bytes(32))
 
 

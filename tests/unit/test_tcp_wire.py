@@ -76,9 +76,9 @@ def test_a_hello_of_a_peer_of_this_channel_gives_its_rank(rank: int, size: int, 
 def test_a_hello_from_another_channel_is_refused(change: dict[str, object], message: str) -> None:
     mine = {"size": 4, "group": 7, "nonce": b"n" * NONCE_SIZE}
     theirs = {**mine, **change}
-    hello = pack_hello(1, theirs["size"], theirs["group"], theirs["nonce"])  # type: ignore[arg-type]
+    hello = pack_hello(1, theirs["size"], theirs["group"], theirs["nonce"])  # type: ignore[arg-type]  # dict values: int or bytes
     with pytest.raises(ValueError, match=message):
-        unpack_hello(hello, mine["size"], mine["group"], mine["nonce"])  # type: ignore[arg-type]
+        unpack_hello(hello, mine["size"], mine["group"], mine["nonce"])  # type: ignore[arg-type]  # dict values: int or bytes
 
 
 @_bounded

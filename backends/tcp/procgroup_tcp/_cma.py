@@ -26,7 +26,7 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
-def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]  # private in typeshed, real at run time
     if not sys.platform.startswith("linux"):
         return None
     try:

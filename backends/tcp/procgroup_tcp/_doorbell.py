@@ -34,7 +34,7 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]  # private in typeshed, real at run time
     if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
         return None
     try:
@@ -80,7 +80,7 @@ class Doorbell:
             self._sleepers += 1
             w[_SLEEPERS] = 1
         try:
-            if ready():  # type: ignore[operator]
+            if ready():  # type: ignore[operator]  # ready is the caller's check, typed loosely
                 return
             if _syscall is None:
                 time.sleep(seconds)

@@ -115,7 +115,7 @@ def _guarded(op: str) -> Callable[[F], F]:
                     f"a shared-memory collective was interrupted ({type(exc).__name__}: {exc}); "
                     f"this group cannot be used any more"))
                 raise
-        return run  # type: ignore[return-value]
+        return run  # type: ignore[return-value]  # the same signature as fn
     return wrap
 
 

@@ -203,7 +203,7 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
         if self._shm_out:
             link = self._shm_out.get(dst)
             if link is not None:
-                self._p2p.send(link, view, tag, code, self._fps.get(tag, NO_FP))  # type: ignore[union-attr]
+                self._p2p.send(link, view, tag, code, self._fps.get(tag, NO_FP))  # type: ignore[union-attr]  # a link exists only with p2p
                 return
         peer.send(view, tag, code, self._fps.get(tag, NO_FP))
 
@@ -211,7 +211,7 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
         peer = self._peer(dst)
         link = self._shm_out.get(dst)
         if link is not None:
-            return self._p2p.isend(link, byte_view(array), tag, dtype_code(array.dtype), self._fps.get(tag, NO_FP))  # type: ignore[union-attr]
+            return self._p2p.isend(link, byte_view(array), tag, dtype_code(array.dtype), self._fps.get(tag, NO_FP))  # type: ignore[union-attr]  # a link exists only with p2p
         view = byte_view(array)
         dtype_char = dtype_code(array.dtype)
         fp = self._fps.get(tag, NO_FP)
@@ -240,11 +240,11 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
             if gate.acquire(False):
                 try:
                     m = self._matcher
-                    if (not m.posted and not m.unexpected) or m.unclaimed(src, tag):  # type: ignore[arg-type]
+                    if (not m.posted and not m.unexpected) or m.unclaimed(src, tag):  # type: ignore[arg-type]  # src is a rank here: peer was found
                         dtype = array.dtype
                         code = DTYPE_CODES.get(dtype) or dtype_code(dtype)
                         reader.receive_direct(view, code, dtype, tag, self._may_post)
-                        return src  # type: ignore[return-value]
+                        return src  # type: ignore[return-value]  # src is a rank here: peer was found
                 finally:
                     reader.driven_at = _now()
                     gate.release()

@@ -68,7 +68,7 @@ class ReduceTable:
 
         Cached per table on (dtype, op) as given: it runs on every reducing call.
         """
-        plans: dict[tuple[Any, ReduceOp], Lowered | None] = self._plans  # type: ignore[attr-defined]
+        plans: dict[tuple[Any, ReduceOp], Lowered | None] = self._plans  # type: ignore[attr-defined]  # set in __post_init__
         try:
             return plans[dtype, op]
         except KeyError:
