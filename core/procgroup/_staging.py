@@ -35,6 +35,9 @@ def prepare(g: Group, array: Any, name: str, op: str, *, writable: bool, reads: 
         return Prepared(array, array, False, array.dtype, array.size)  # the common case, fast
     if _torch_tensors.is_tensor(array):  # checked before anything is sent, whatever the device
         array = _torch_tensors.checked(array, name)
+        if array.is_cpu and arrays.CPU in devices(g):
+            host = _torch_tensors.numpy_view(array, name)
+            return Prepared(host, array, False, host.dtype, host.size)
     device = arrays.device_of(array)
     takes = devices(g)
     if device == arrays.CUDA:
