@@ -214,8 +214,9 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
 
         return call_p2p
 
-    if array_at == 0 and peer_at is None and not started:
-        # all_reduce, reduce_scatter: (array, op); all_reduce is the latency-critical one
+    if op == "all_reduce" and not started:
+        # all_reduce: (array, op), the latency-critical one (reduce_scatter's three
+        # arguments take the general wrapper below)
         def call_reduce(array: Any, reduce_op: Any) -> Any:
             f: Any = _getframe(1)
             while f is not None and (own(f.f_code) or (own(f.f_code) is None and classify(f.f_code))):
