@@ -79,7 +79,7 @@ def _p2p(op: str, array: Any, rank: int | None, group: Any, tag: int,
         raise InvalidArgumentError(f"{op}: pass dst (a world rank) or group_dst (a rank in the group)")
     peer = None if rank is None else _peer(g, rank, what, op)
     p = prepare(g, array, "tensor", op, writable=receiving, reads=not receiving)
-    return g, g.channel, peer, p  # type: ignore[return-value]
+    return g, g.channel, peer, p  # type: ignore[return-value]  # a member's channel is set (member_or_none checked)
 
 
 _ndarray = np.ndarray
@@ -135,7 +135,7 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, g
     peer = f.index.get(dst) if f is not None and type(dst) is int and dst != f.me and group_dst is None else None
     if peer is not None:
         try:
-            f.send(tensor, peer, tag)  # type: ignore[union-attr]
+            f.send(tensor, peer, tag)  # type: ignore[union-attr]  # peer is None only when f is None
         except ProcGroupError as exc:
             _name_op(exc, "send", _state.resolve(group))
             raise
