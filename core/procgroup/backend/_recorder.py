@@ -115,10 +115,17 @@ def add_own_package(module_name: str) -> None:
             _own_codes.clear()
 
 
+#: inside procgroup but callers in their own right: the benchmark's timing loops (their
+#: line is the caller's line, and walking past them would walk the whole stack every op)
+_CALLER_DIRS = (os.sep + "procgroup" + os.sep + "bench" + os.sep,)
+#: the walk gives up after this many of procgroup's frames (the last one is then the caller)
+MAX_WALK = 12
+
+
 def _classify(code: Any) -> bool:
     name = code.co_filename
-    own = any(name.startswith(d) for d in _own_dirs) or name.startswith("<frozen") or (
-        os.sep + "concurrent" + os.sep in name or name.endswith(os.sep + "threading.py"))
+    own = (any(name.startswith(d) for d in _own_dirs) and not any(c in name for c in _CALLER_DIRS)) or (
+        name.startswith("<frozen") or os.sep + "concurrent" + os.sep in name or name.endswith(os.sep + "threading.py"))
     _own_codes[code] = own
     return own
 
@@ -194,12 +201,14 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
             if tag >= MAX_USER_TAG:  # a step of a collective, a group's translated call
                 return fn(array, peer, tag)
             f: Any = _getframe(1)
-            while f is not None and (own(f.f_code) or (own(f.f_code) is None and classify(f.f_code))):
-                f = f.f_back
+            n = 0
+            while n < MAX_WALK and ((k := own(f.f_code)) or (k is None and classify(f.f_code))):
+                f = f.f_back or f
+                n += 1
             seq = info.p2p + 1  # numbered from 1: "the 5th all_reduce" is #5
             info.p2p = seq
             entry = [spec, seq, peer, getattr(array, "nbytes", -1), getattr(array, "dtype", None),
-                     state0, _perf(), f.f_code if f is not None else None, f.f_lasti if f is not None else -1]
+                     state0, _perf(), f.f_code, f.f_lasti]
             append(entry)
             try:
                 result = fn(array, peer, tag)
@@ -219,8 +228,10 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
         # arguments take the general wrapper below)
         def call_reduce(array: Any, reduce_op: Any) -> Any:
             f: Any = _getframe(1)
-            while f is not None and (own(f.f_code) or (own(f.f_code) is None and classify(f.f_code))):
-                f = f.f_back
+            n = 0
+            while n < MAX_WALK and ((k := own(f.f_code)) or (k is None and classify(f.f_code))):
+                f = f.f_back or f
+                n += 1
             seq = info.coll + 1
             info.coll = seq
             nbytes = getattr(array, "nbytes", None)
@@ -229,7 +240,7 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
             else:
                 dtype = array.dtype
             entry = [spec, seq, None, nbytes, dtype, STARTED, _perf(),
-                     f.f_code if f is not None else None, f.f_lasti if f is not None else -1]
+                     f.f_code, f.f_lasti]
             append(entry)
             try:
                 result = fn(array, reduce_op)
@@ -243,8 +254,10 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
 
     def call(*args: Any) -> Any:
         f: Any = _getframe(1)
-        while f is not None and (own(f.f_code) or (own(f.f_code) is None and classify(f.f_code))):
-            f = f.f_back
+        n = 0
+        while n < MAX_WALK and ((k := own(f.f_code)) or (k is None and classify(f.f_code))):
+            f = f.f_back or f
+            n += 1
         seq = info.coll + 1
         info.coll = seq
         if array_at is not None and array_at < len(args):
@@ -258,7 +271,7 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
             nbytes, dtype = 0, None
         peer = args[peer_at] if peer_at is not None and peer_at < len(args) else None
         entry = [spec, seq, peer, nbytes, dtype, state0, _perf(),
-                 f.f_code if f is not None else None, f.f_lasti if f is not None else -1]
+                 f.f_code, f.f_lasti]
         append(entry)
         try:
             result = fn(*args)
@@ -294,7 +307,7 @@ def _failed(channel: DataChannel, entry: list[Any], exc: BaseException) -> None:
     entry += [_perf(), f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"]
     if isinstance(exc, ProcGroupError) and not getattr(exc, "_flight_seen", False):
         try:
-            exc._flight_seen = True  # type: ignore[attr-defined]
+            exc._flight_seen = True  # type: ignore[attr-defined]  # a mark: explained once, however often re-raised
             explain(channel, entry, exc)
         except Exception:  # the report is best effort: the op's own error is what counts
             log.debug("flight recorder: could not explain %s", exc, exc_info=True)
