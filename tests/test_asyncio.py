@@ -57,6 +57,7 @@ async def _checks(rank: int, size: int) -> dict[str, Any]:
     peer = 1 - rank if rank < 2 else None
 
     # an irecv whose sender is late: the loop keeps running while the receive waits
+    pg.barrier()  # both start together, so the receiver really waits LATE_S
     if peer is not None:
         if rank == 0:
             time.sleep(LATE_S)  # blocks this rank on purpose: its peer's await waits
