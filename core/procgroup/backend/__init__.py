@@ -37,7 +37,7 @@ from ._context import (
 )
 from ._fingerprint import Fingerprint, mismatch
 from ._lowering import Lowered, ReduceTable, flat_view
-from ._netif import ENV_SOCKET_IFNAME, choose_address
+from .._netif import ENV_SOCKET_IFNAME, choose_address
 from ._spec import BackendSpec, InitMethodSpec, hookimpl
 from ._survival import MAX_CONTROL_BYTES, Decision
 from ._wait import late_peers, poll

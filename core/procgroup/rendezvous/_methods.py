@@ -192,7 +192,7 @@ def _agent_store_rendezvous(
 ) -> RendezvousResult:
     """Under torchrun, whose agent's store holds MASTER_PORT: rank 0's store on a free port,
     its address passed through the agent's store (:mod:`._torchelastic`)."""
-    from procgroup.backend import choose_address
+    from procgroup._netif import choose_address
 
     deadline = time.monotonic() + timeout
     agent = _torchelastic.AgentStore(agent_host, agent_port, timeout)

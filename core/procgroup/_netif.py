@@ -16,7 +16,7 @@ import os
 import socket
 import struct
 
-from ..errors import InvalidArgumentError
+from .errors import InvalidArgumentError
 
 log = logging.getLogger(__name__)
 
