@@ -140,3 +140,26 @@ def test_python_m_procgroup_flight_reads_saved_dumps(job: tuple[list[dict[str, A
     res = subprocess.run([sys.executable, "-m", "procgroup", "flight", str(bad)], capture_output=True,
                          text=True, timeout=120, check=False)
     assert res.returncode == 2 and "not a procgroup flight dump" in res.stderr
+
+
+def test_faulthandler_text_is_read_as_stacks(tmp_path: Path) -> None:
+    """A rank stuck in C leaves only faulthandler's text: the launcher reads it as stacks
+    (innermost frame last, the main thread last in the dump)."""
+    from procgroup._launch.flight import parse_faulthandler
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import faulthandler, sys, threading, time\n"
+        "def side():\n"
+        "    time.sleep(5)\n"
+        "threading.Thread(target=side, daemon=True).start()\n"
+        "def load_batch():\n"
+        "    faulthandler.dump_traceback(sys.stdout, all_threads=True)\n"
+        "load_batch()\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True)
+    stacks = parse_faulthandler(out.stdout)
+    assert len(stacks) == 2
+    main = stacks[-1]
+    assert main["main"] and [f["function"] for f in main["frames"]] == ["<module>", "load_batch"]
+    assert main["frames"][-1]["line"] == 6 and main["frames"][-1]["file"] == str(script)
+    assert stacks[0]["frames"][-1]["function"] == "side"
