@@ -81,7 +81,7 @@ def _forms(cls: type) -> dict[str, tuple[bool, bool]]:
     return table
 
 
-class DataChannel(abc.ABC):
+class DataChannel(abc.ABC):  # noqa: B024 - send/recv are required in either of two forms (do_/start_), checked in __init__
     """One communicator over one transport. Subclass it to write a backend."""
 
     #: The backend's name, set by the registry from the plugin's spec.
