@@ -20,7 +20,7 @@ from procgroup_tcp import _wire
 from procgroup_tcp._conn import Peer, PeerEvents
 from procgroup_tcp._match import Matcher, PostedRecv, Unexpected
 from procgroup_tcp._peer_state import TRANSITIONS, PeerState
-from procgroup_tcp._progress import FRAME, LANDED, NOTHING, OVER, TICK_S
+from procgroup_tcp._progress import FRAME, NOTHING, OVER, TICK_S
 from procgroup_tcp._reader import BUFFER_BYTES, MAX_FRAME_BYTES
 
 pytestmark = pytest.mark.unit
@@ -174,13 +174,13 @@ def test_any_split_of_the_stream_gives_the_same_messages_in_order(messages: list
 
 
 @pytest.mark.parametrize(("frame", "complaint"), [
-    (lambda l: _wire.HEADER.pack(1, b"B", 0x1234, 0, 0, 0, 0, _wire.NO_FP), "bad frame magic 0x1234"),
-    (lambda l: l.frame(b"", seq=5), "sent frame 5 where 0 was due"),
-    (lambda l: l.frame(b"", kind=99), "unknown kind 99"),
-    (lambda l: l.frame(b"", kind=_wire.KIND_HEARTBEAT, nbytes=4), "unknown kind 21"),
-    (lambda l: l.frame(b"", kind=_wire.KIND_CONTROL, nbytes=MAX_CONTROL_BYTES + 1), "unknown kind 20"),
-    (lambda l: l.frame(b"", kind=_wire.KIND_PEER_LOST, nbytes=_wire.MAX_LOST_BYTES + 1), "unknown kind 4"),
-    (lambda l: l.frame(b"", kind=_wire.KIND_MISMATCH, nbytes=3), "unknown kind 3"),
+    (lambda ln: _wire.HEADER.pack(1, b"B", 0x1234, 0, 0, 0, 0, _wire.NO_FP), "bad frame magic 0x1234"),
+    (lambda ln: ln.frame(b"", seq=5), "sent frame 5 where 0 was due"),
+    (lambda ln: ln.frame(b"", kind=99), "unknown kind 99"),
+    (lambda ln: ln.frame(b"", kind=_wire.KIND_HEARTBEAT, nbytes=4), "unknown kind 21"),
+    (lambda ln: ln.frame(b"", kind=_wire.KIND_CONTROL, nbytes=MAX_CONTROL_BYTES + 1), "unknown kind 20"),
+    (lambda ln: ln.frame(b"", kind=_wire.KIND_PEER_LOST, nbytes=_wire.MAX_LOST_BYTES + 1), "unknown kind 4"),
+    (lambda ln: ln.frame(b"", kind=_wire.KIND_MISMATCH, nbytes=3), "unknown kind 3"),
 ])
 def test_a_frame_breaking_the_protocol_breaks_the_stream(link: Link, frame: Any, complaint: str) -> None:
     link.send(frame(link))
@@ -234,7 +234,7 @@ def test_a_refused_payload_is_skipped_and_the_stream_stays_in_step(link: Link) -
 
 def test_the_control_kinds_reach_the_channel(link: Link) -> None:
     notice = _wire.NOTICE.pack(5, 6, b"m" * 32, b"t" * 32)
-    lost = _wire.LOST.pack(4) + "rank 4 died".encode()
+    lost = _wire.LOST.pack(4) + b"rank 4 died"
     link.send(link.frame(notice, kind=_wire.KIND_MISMATCH, tag=8), link.frame(lost, kind=_wire.KIND_PEER_LOST),
               link.frame(kind=_wire.KIND_PROBE, tag=9, fp=b"p" * 32), link.frame(b"ctl", kind=_wire.KIND_CONTROL),
               link.frame(b"", kind=_wire.KIND_HEARTBEAT))

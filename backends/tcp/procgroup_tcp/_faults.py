@@ -50,6 +50,10 @@ class MismatchHandling:
 
     def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes,
                        fp: bytes) -> PostedRecv | Unexpected | Discard:
+        """Where a data frame lands (every frame, socket or ring, comes here first): a frame of
+        a running collective carrying another fingerprint is a mismatch (dropped), one of a
+        collective this rank finished is checked against the ledger; the rest go to the
+        matcher (a posted receive, or the unexpected queue)."""
         expected = self._fps.get(tag)
         if expected is not None:
             if fp != expected:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -18,7 +19,7 @@ def _copy_if_distinct(dst: np.ndarray, src: np.ndarray) -> None:
         dst.reshape(-1)[...] = src.reshape(-1)
 
 
-def gather(ch: "DataChannel", array: np.ndarray, gather_list: Sequence[np.ndarray] | None,
+def gather(ch: DataChannel, array: np.ndarray, gather_list: Sequence[np.ndarray] | None,
            dst: int, tag: int) -> None:
     """The root receives every rank's array into gather_list[rank], all at once."""
     if ch.rank != dst:
@@ -32,7 +33,7 @@ def gather(ch: "DataChannel", array: np.ndarray, gather_list: Sequence[np.ndarra
         work.wait()
 
 
-def scatter(ch: "DataChannel", array: np.ndarray, scatter_list: Sequence[np.ndarray] | None,
+def scatter(ch: DataChannel, array: np.ndarray, scatter_list: Sequence[np.ndarray] | None,
             src: int, tag: int) -> None:
     """The root sends scatter_list[rank] to each rank."""
     if ch.rank != src:
@@ -46,7 +47,7 @@ def scatter(ch: "DataChannel", array: np.ndarray, scatter_list: Sequence[np.ndar
         work.wait()
 
 
-def all_to_all(ch: "DataChannel", output_list: Sequence[np.ndarray],
+def all_to_all(ch: DataChannel, output_list: Sequence[np.ndarray],
                input_list: Sequence[np.ndarray], tag: int) -> None:
     """Pairwise exchange: in step s send to rank+s, receive from rank-s (n-1 steps)."""
     n, r = ch.size, ch.rank
@@ -56,7 +57,7 @@ def all_to_all(ch: "DataChannel", output_list: Sequence[np.ndarray],
         exchange(ch, input_list[dst], dst, output_list[src], src, tag)
 
 
-def barrier(ch: "DataChannel", tag: int) -> None:
+def barrier(ch: DataChannel, tag: int) -> None:
     """Dissemination barrier: ceil(log2 n) rounds of one-byte messages."""
     n, r = ch.size, ch.rank
     token = np.zeros(1, dtype=np.uint8)

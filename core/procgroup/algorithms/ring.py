@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 SMALL_ALL_REDUCE_BYTES = 64 * 1024
 
 
-def exchange(ch: "DataChannel", out: Any, dst: int, into: Any, src: int, tag: int) -> None:
+def exchange(ch: DataChannel, out: Any, dst: int, into: Any, src: int, tag: int) -> None:
     """Send ``out`` to ``dst`` while receiving ``into`` from ``src`` (recv posted first,
     so a transport can land the payload straight in ``into``)."""
     work = ch.irecv(into, src, tag)
@@ -28,7 +29,7 @@ def chunk_bounds(count: int, parts: int) -> list[int]:
     return [(i * count) // parts for i in range(parts + 1)]
 
 
-def all_reduce(ch: "DataChannel", array: np.ndarray, op: ReduceOp, tag: int) -> None:
+def all_reduce(ch: DataChannel, array: np.ndarray, op: ReduceOp, tag: int) -> None:
     """In-place all_reduce: recursive doubling when small, ring (RS + AG) when large."""
     n = ch.size
     if n == 1 or array.size == 0:
@@ -39,7 +40,7 @@ def all_reduce(ch: "DataChannel", array: np.ndarray, op: ReduceOp, tag: int) -> 
         ring_all_reduce(ch, array, op, tag)
 
 
-def recursive_doubling_all_reduce(ch: "DataChannel", array: np.ndarray, op: ReduceOp, tag: int) -> None:
+def recursive_doubling_all_reduce(ch: DataChannel, array: np.ndarray, op: ReduceOp, tag: int) -> None:
     """log2(n) exchange rounds; ranks beyond the largest power of two fold in first."""
     n, r = ch.size, ch.rank
     flat = array.reshape(-1)
@@ -65,7 +66,7 @@ def recursive_doubling_all_reduce(ch: "DataChannel", array: np.ndarray, op: Redu
         ch.send(flat, r + p2, tag)
 
 
-def ring_all_reduce(ch: "DataChannel", array: np.ndarray, op: ReduceOp, tag: int) -> None:
+def ring_all_reduce(ch: DataChannel, array: np.ndarray, op: ReduceOp, tag: int) -> None:
     """Reduce-scatter then all-gather around the ring: each rank sends 2(n-1)/n of the data."""
     n, r = ch.size, ch.rank
     flat = array.reshape(-1)
@@ -84,7 +85,7 @@ def ring_all_reduce(ch: "DataChannel", array: np.ndarray, op: ReduceOp, tag: int
         exchange(ch, chunks[send_idx], right, chunks[recv_idx], left, tag)
 
 
-def all_gather(ch: "DataChannel", output_list: Sequence[Any], array: np.ndarray, tag: int) -> None:
+def all_gather(ch: DataChannel, output_list: Sequence[Any], array: np.ndarray, tag: int) -> None:
     """output_list[i] = rank i's array; n-1 ring steps, received straight into place."""
     n, r = ch.size, ch.rank
     outs = [o.reshape(-1) for o in output_list]
@@ -95,7 +96,7 @@ def all_gather(ch: "DataChannel", output_list: Sequence[Any], array: np.ndarray,
         exchange(ch, outs[(r - step) % n], right, outs[(r - step - 1) % n], left, tag)
 
 
-def reduce_scatter(ch: "DataChannel", output: np.ndarray, input_list: Sequence[np.ndarray],
+def reduce_scatter(ch: DataChannel, output: np.ndarray, input_list: Sequence[np.ndarray],
                    op: ReduceOp, tag: int) -> None:
     """output = op over ranks of input_list[rank]; inputs are left untouched."""
     n, r = ch.size, ch.rank

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ..backend import DataChannel
 
 
-def broadcast(ch: "DataChannel", array: np.ndarray, src: int, tag: int) -> None:
+def broadcast(ch: DataChannel, array: np.ndarray, src: int, tag: int) -> None:
     """Copy ``src``'s array into every rank's array."""
     n = ch.size
     if n == 1:
@@ -34,7 +34,7 @@ def broadcast(ch: "DataChannel", array: np.ndarray, src: int, tag: int) -> None:
         work.wait()
 
 
-def reduce(ch: "DataChannel", array: np.ndarray, dst: int, op: ReduceOp, tag: int) -> None:
+def reduce(ch: DataChannel, array: np.ndarray, dst: int, op: ReduceOp, tag: int) -> None:
     """Reduce every rank's array into ``dst``'s; other ranks' arrays are left unchanged."""
     n = ch.size
     if n == 1 or array.size == 0:

@@ -41,7 +41,7 @@ class Fingerprint:
 
     @classmethod
     def of(cls, op: str, seq: int, array: Any = None, *, root: int = NO_ROOT,
-           reduce_op: ReduceOp | None = None) -> "Fingerprint":
+           reduce_op: ReduceOp | None = None) -> Fingerprint:
         """The fingerprint of ``op`` on ``array`` (any array with dtype and nbytes, or None)."""
         if array is None:
             return cls(op, seq, "B", 0, root, reduce_op)
@@ -53,7 +53,7 @@ class Fingerprint:
                             self.root, self.seq, self.nbytes)
 
     @classmethod
-    def unpack(cls, data: bytes | memoryview) -> "Fingerprint":
+    def unpack(cls, data: bytes | memoryview) -> Fingerprint:
         code, dtype, reduce_code, root, seq, nbytes = _PACKED.unpack(data)
         return cls(_OP_NAMES.get(code, f"op#{code}"), seq, dtype.decode("latin-1"), nbytes, root,
                    _REDUCE_NAMES.get(reduce_code))
