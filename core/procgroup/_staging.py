@@ -7,7 +7,8 @@ moves host memory only are staged through a host copy, and results are copied ba
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -60,7 +61,7 @@ def level(options: Mapping[str, Any] | None = None) -> str:
     return env_choice(ENV_DEBUG, LEVELS, "off", name="debug", options=options)
 
 
-def for_channel(channel: "DataChannel") -> "Agreement | None":
+def for_channel(channel: DataChannel) -> Agreement | None:
     """The checker of a new channel, or None when nothing is to be checked (the default)."""
     mode = level(channel.ctx.options)
     if mode == "off":
@@ -89,7 +90,7 @@ def _shape(x: Any) -> tuple[str, int]:
     return "B", 0
 
 
-def fingerprint(channel: "DataChannel", op: str, seq: int, args: tuple[Any, ...]) -> Fingerprint:
+def fingerprint(channel: DataChannel, op: str, seq: int, args: tuple[Any, ...]) -> Fingerprint:
     """What this rank is about to run: ``op`` on ``args`` (as the channel takes them).
     Roots are given as world ranks, as the user passed them."""
     array_at, root_at, reduce_at = _ARGS.get(op, (None, None, None))
@@ -106,11 +107,11 @@ def fingerprint(channel: "DataChannel", op: str, seq: int, args: tuple[Any, ...]
 class Agreement:
     """The fingerprint exchange of one channel (ops on it are issued in one order)."""
 
-    def __init__(self, channel: "DataChannel") -> None:
+    def __init__(self, channel: DataChannel) -> None:
         self._channel = channel
         self._seq = 0
-        self._p2p: "DataChannel | None" = None
-        self._own: "DataChannel | None" = None  # a side channel opened here, closed with the channel
+        self._p2p: DataChannel | None = None
+        self._own: DataChannel | None = None  # a side channel opened here, closed with the channel
         self._tags = DEBUG_TAG_BASE + (channel.ctx.group_id % (2**37)) * _WINDOW
 
     def checked(self, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -155,7 +156,7 @@ class Agreement:
                 f"{ch.ctx.global_rank(ch.rank)} waited to check {mine.describe()} (a rank that called a "
                 f"different op, send/recv, or nothing)", op=mine.op, ranks=missing)
 
-    def _open(self) -> "DataChannel":
+    def _open(self) -> DataChannel:
         """The channel's own point-to-point when it moves host arrays, else a host side channel."""
         ch = self._channel
         devices = ch.devices

@@ -14,7 +14,8 @@ with a reason, the same way for every backend:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import numpy as np
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
 
 if TYPE_CHECKING:
     from ._work import Work
@@ -61,7 +62,7 @@ def poll(test: Callable[[], bool], timeout: float, *, what: str = "", op: str = 
             nap = min(nap * 2, nap_max)
 
 
-def late_peers(works: "Iterable[tuple[int, Work]]", timeout: float) -> list[int]:
+def late_peers(works: Iterable[tuple[int, Work]], timeout: float) -> list[int]:
     """Wait for each (peer, Work) under one shared deadline; return the peers (in order,
     once each) whose Work had not finished by then. For arrival checks that must name
     the ranks that never came rather than raise at the first."""
