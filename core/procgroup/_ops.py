@@ -19,7 +19,7 @@ from ._staging import Prepared, copy_back, prepare, prepare_list
 from .backend import MAX_USER_TAG, CompletedWork, DataChannel, MappedWork, Work
 from ._settings import timeout_seconds
 from .errors import CommTimeoutError, InvalidArgumentError, ProcGroupError
-from .groups import Group
+from .groups import Group, GroupArg
 from ._torch_args import member_or_none, root_rank, torch_names, world_rank
 from .ops import ReduceOp, check_op_dtype
 
@@ -92,7 +92,7 @@ class FastPath(NamedTuple):
     send: Callable[[Any, int, int], None]
     recv: Callable[[Any, int | None, int], int]
     all_reduce: Callable[[Any, ReduceOp], None]
-    index: dict[int, int]  # world rank -> group rank
+    index: dict[int, int]  # type: ignore[assignment]  # world rank -> group rank (a field, not tuple.index)
     ranks: tuple[int, ...]  # group rank -> world rank
     me: int  # this process's world rank
 
@@ -128,7 +128,7 @@ def _remember_dtype(p: Prepared) -> None:
 
 
 @torch_names({"array": "tensor"})
-def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
+def send(tensor: Any, dst: int | None = None, group: GroupArg = None, tag: int = 0, group_dst: int | None = None) -> None:
     """Send ``tensor`` to world rank ``dst`` (or group rank ``group_dst``); blocks until the
     buffer may be reused."""
     f = _fast(group, tensor, tag, False)
@@ -153,7 +153,7 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, g
 
 
 @torch_names({"array": "tensor"})
-def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> int:
+def recv(tensor: Any, src: int | None = None, group: GroupArg = None, tag: int = 0, group_src: int | None = None) -> int:
     """Receive into ``tensor`` from world rank ``src`` (or group rank ``group_src``; any rank
     when neither is given); returns the sender's world rank (-1 on a non-member, as torch)."""
     f = _fast(group, tensor, tag, True) if group_src is None else None
@@ -182,7 +182,7 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, g
 
 
 @torch_names({"array": "tensor"})
-def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
+def isend(tensor: Any, dst: int | None = None, group: GroupArg = None, tag: int = 0,
           group_dst: int | None = None) -> Work | None:
     """Start sending ``tensor``; don't touch it until the returned Work is waited on."""
     found = _p2p("isend", tensor, dst, group, tag, group_dst)
@@ -193,7 +193,7 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
 
 
 @torch_names({"array": "tensor"})
-def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
+def irecv(tensor: Any, src: int | None = None, group: GroupArg = None, tag: int = 0,
           group_src: int | None = None) -> Work | None:
     """Start receiving into ``tensor``; ``Work.source_rank()`` is the sender after wait()."""
     found = _p2p("irecv", tensor, src, group, tag, group_src)
@@ -205,7 +205,7 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
 
 # --------------------------------------------------------------------- collectives
 @torch_names({"array": "tensor"})
-def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
+def broadcast(tensor: Any, src: int | None = None, group: GroupArg = None, async_op: bool = False,
               group_src: int | None = None) -> Work | None:
     """Copy world rank ``src``'s (or group rank ``group_src``'s) tensor into every member's."""
     g = member_or_none(group, "broadcast")
@@ -230,7 +230,7 @@ def bind_world(world: Group | None) -> None:
 
 
 @torch_names({"array": "tensor"})
-def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: GroupArg = None, async_op: bool = False) -> Work | None:
     """Reduce every member's tensor with ``op``; each gets the result in place."""
     array = tensor
     f = _world_fast if group is None else group.fast if type(group) is Group else None
@@ -259,7 +259,7 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: Any = None, asyn
 
 
 @torch_names({"array": "tensor"})
-def reduce(tensor: Any, dst: int | None = None, op: ReduceOp = ReduceOp.SUM, group: Any = None,
+def reduce(tensor: Any, dst: int | None = None, op: ReduceOp = ReduceOp.SUM, group: GroupArg = None,
            async_op: bool = False, group_dst: int | None = None) -> Work | None:
     """Reduce every member's tensor into world rank ``dst``'s (or group rank ``group_dst``'s);
     the others' stay unchanged."""
@@ -273,7 +273,7 @@ def reduce(tensor: Any, dst: int | None = None, op: ReduceOp = ReduceOp.SUM, gro
 
 
 @torch_names({"array_list": "tensor_list", "array": "tensor"})
-def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
+def all_gather(tensor_list: list[Any], tensor: Any, group: GroupArg = None, async_op: bool = False) -> Work | None:
     """tensor_list[i] receives member i's tensor, on every member."""
     g = member_or_none(group, "all_gather")
     if g is None:
@@ -284,7 +284,7 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
 
 
 @torch_names({"array": "tensor"})
-def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = None, group: Any = None,
+def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = None, group: GroupArg = None,
            async_op: bool = False, group_dst: int | None = None) -> Work | None:
     """World rank ``dst`` (default 0; or group rank ``group_dst``) receives every member's
     tensor into gather_list (only dst passes it)."""
@@ -305,7 +305,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
 
 
 @torch_names({"array": "tensor"})
-def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None, group: Any = None,
+def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None, group: GroupArg = None,
             async_op: bool = False, group_src: int | None = None) -> Work | None:
     """Member i receives scatter_list[i] from world rank ``src`` (default 0; or group rank
     ``group_src``) into ``tensor``."""
@@ -326,7 +326,7 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
 
 
 @torch_names()
-def reduce_scatter(output: Any, input_list: list[Any], op: ReduceOp = ReduceOp.SUM, group: Any = None,
+def reduce_scatter(output: Any, input_list: list[Any], op: ReduceOp = ReduceOp.SUM, group: GroupArg = None,
                    async_op: bool = False) -> Work | None:
     """output = op over members of their input_list[my rank]."""
     g = member_or_none(group, "reduce_scatter")
@@ -339,7 +339,7 @@ def reduce_scatter(output: Any, input_list: list[Any], op: ReduceOp = ReduceOp.S
 
 
 @torch_names({"output_list": "output_tensor_list", "input_list": "input_tensor_list"})
-def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], group: Any = None,
+def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], group: GroupArg = None,
                async_op: bool = False) -> Work | None:
     """output_tensor_list[j] receives member j's input_tensor_list[my rank]."""
     g = member_or_none(group, "all_to_all")
@@ -354,7 +354,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
 
 
 @torch_names()
-def barrier(group: Any = None, async_op: bool = False, device_ids: list[int] | None = None,
+def barrier(group: GroupArg = None, async_op: bool = False, device_ids: list[int] | None = None,
             timeout: Any = None) -> Work | None:
     """Return once every member has entered the barrier; ``timeout`` (seconds or a
     timedelta) bounds this wait instead of the group's timeout. ``device_ids`` (torch's

@@ -21,6 +21,7 @@ import numpy as np
 from . import _ops, _safe_pickle, _state
 from ._torch_args import member_or_none, root_rank, torch_names
 from .errors import InvalidArgumentError, PeerError
+from .groups import GroupArg
 
 #: The largest pickle (bytes) one object collective moves per object and in all; set it
 #: alike on every rank.
@@ -98,7 +99,7 @@ def _pickle_padded(obj: Any, g: Any, op: str) -> tuple[list[int], np.ndarray]:
 
 
 @torch_names()
-def all_gather_object(object_list: list[Any], obj: Any, group: Any = None, weights_only: bool = False) -> None:
+def all_gather_object(object_list: list[Any], obj: Any, group: GroupArg = None, weights_only: bool = False) -> None:
     """object_list[i] becomes member i's ``obj``, on every member (``weights_only``: build
     plain data only, see procgroup._safe_pickle)."""
     weights_only = _safe_pickle.check_flag(weights_only, "all_gather_object")
@@ -117,7 +118,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None, weigh
 
 
 @torch_names()
-def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None, group: Any = None,
+def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None, group: GroupArg = None,
                   group_dst: int | None = None, weights_only: bool = False) -> None:
     """World rank ``dst`` (default 0; or group rank ``group_dst``) gets every member's
     ``obj`` in object_gather_list."""
@@ -139,7 +140,7 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
 
 
 @torch_names()
-def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None,
+def broadcast_object_list(object_list: list[Any], src: int | None = None, group: GroupArg = None, device: Any = None,
                           group_src: int | None = None, weights_only: bool = False) -> None:
     """Every member's object_list is replaced, element by element, with ``src``'s (default
     0; or group rank ``group_src``). ``device`` (torch's staging device) is accepted: the
@@ -170,7 +171,7 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
 
 @torch_names()
 def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_input_list: Sequence[Any] | None = None,
-                        src: int | None = None, group: Any = None, group_src: int | None = None,
+                        src: int | None = None, group: GroupArg = None, group_src: int | None = None,
                         weights_only: bool = False) -> None:
     """Member i gets ``src``'s (default 0; or group rank ``group_src``'s)
     scatter_object_input_list[i] in scatter_object_output_list[0]."""
@@ -208,7 +209,7 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
 
 
 @torch_names()
-def send_object_list(object_list: Sequence[Any], dst: int | None = None, group: Any = None, device: Any = None,
+def send_object_list(object_list: Sequence[Any], dst: int | None = None, group: GroupArg = None, device: Any = None,
                      group_dst: int | None = None, use_batch: bool = False, weights_only: bool = False) -> None:
     """Send the picklable objects of ``object_list`` to world rank ``dst`` (or group rank
     ``group_dst``), whose recv_object_list gets them. ``device``, ``use_batch`` and
@@ -230,7 +231,7 @@ def send_object_list(object_list: Sequence[Any], dst: int | None = None, group: 
 
 
 @torch_names()
-def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None,
+def recv_object_list(object_list: list[Any], src: int | None = None, group: GroupArg = None, device: Any = None,
                      group_src: int | None = None, use_batch: bool = False, weights_only: bool = False) -> int:
     """Fill ``object_list`` with the objects world rank ``src`` (or group rank ``group_src``;
     any rank when neither is given) sent with send_object_list, which passed a list of the
