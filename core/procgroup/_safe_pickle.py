@@ -29,11 +29,25 @@ _BUILTINS = {
 }
 
 
-def _plain_dtype(*args: Any) -> np.dtype:
-    """numpy.dtype, refusing object dtypes (their items would be arbitrary objects)."""
-    dt = np.dtype(*args)
+def _check_dtype(dt: np.dtype) -> None:
+    """Refuse object dtypes (their items would be arbitrary objects) and any dtype whose
+    layout differs from the one NumPy builds from its name: a pickled dtype's state sets
+    fields, offsets, item size and flags unchecked, and a field offset past the item size
+    reads memory outside the array."""
     if dt.hasobject:
         raise pickle.UnpicklingError("weights_only=True refuses a NumPy array or dtype of Python objects")
+    canonical = np.dtype(dt.str)
+    if (dt.kind not in "biufcSUVmM" or dt.fields is not None or dt.subdtype is not None
+            or dt.itemsize != canonical.itemsize or dt.flags != canonical.flags):
+        raise pickle.UnpicklingError(f"weights_only=True refuses the NumPy dtype {dt!r}: only numeric, bool, "
+                                     f"str, bytes and datetime dtypes without fields are allowed")
+
+
+def _plain_dtype(obj: Any, align: bool = False, copy: bool = True) -> np.dtype:
+    """numpy.dtype, always a copy (a later BUILD would otherwise set the state of NumPy's
+    shared dtype), refusing what :func:`_check_dtype` refuses."""
+    dt = np.dtype(obj, bool(align), True)
+    _check_dtype(dt)
     return dt
 
 
@@ -55,10 +69,22 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     return allowed
 
 
-class PlainDataUnpickler(pickle.Unpickler):
-    """Builds only what the module docstring lists; find_class refuses the rest."""
+class PlainDataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]  # the Python unpickler: its BUILD can be checked
+    """Builds only what the module docstring lists; find_class refuses the rest, and a
+    BUILD (``__setstate__``) on a dtype or array is checked right after it ran."""
 
     _numpy: dict[tuple[str, str], Any] | None = None
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]  # copied, one entry replaced below
+
+    def _load_checked_build(self) -> None:
+        inst = self.stack[-2]
+        pickle._Unpickler.dispatch[pickle.BUILD[0]](self)  # type: ignore[attr-defined]  # the stock BUILD
+        if isinstance(inst, np.dtype):
+            _check_dtype(inst)
+        elif isinstance(inst, (np.ndarray, np.generic)):
+            _check_dtype(inst.dtype)
+
+    dispatch[pickle.BUILD[0]] = _load_checked_build
 
     def find_class(self, module: str, name: str) -> Any:
         # protocols 0-2 name Python 2's modules (what Unpickler's fix_imports maps)
@@ -81,7 +107,12 @@ def loads(data: bytes, weights_only: bool) -> Any:
     """Unpickle ``data``; restricted to plain data when ``weights_only``."""
     if not weights_only:
         return pickle.loads(data)
-    return PlainDataUnpickler(io.BytesIO(data)).load()
+    try:
+        return PlainDataUnpickler(io.BytesIO(data)).load()
+    except pickle.UnpicklingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - malformed data (EOFError, ValueError, ...) is a refusal too
+        raise pickle.UnpicklingError(f"weights_only=True could not build the data: {type(exc).__name__}: {exc}") from None
 
 
 def check_flag(weights_only: Any, op: str) -> bool:

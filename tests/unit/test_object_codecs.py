@@ -109,3 +109,23 @@ def test_a_refused_object_names_the_sender() -> None:
     with pytest.raises(PeerError, match="all_gather_object: the object from rank 13 was refused") as info:
         objects._from_bytes(buf, buf.size, True, _Group, 3, "all_gather_object")
     assert info.value.rank == 13
+
+
+class _ForgedDtype:
+    """A dtype pickle whose state puts a field 1 MiB past an 8-byte item (reading it would
+    read memory outside the array)."""
+
+    def __reduce__(self) -> tuple:
+        return (np.dtype, ("V8", False, True), (3, "|", None, ("a",), {"a": (np.dtype("f8"), 1 << 20)}, 8, 1, 0))
+
+
+def test_a_forged_dtype_state_is_refused() -> None:
+    plain = pickle.dumps(np.frombuffer(b"\1" * 8, dtype=np.uint8), 4)
+    assert _safe_pickle.loads(plain, weights_only=True).tolist() == [1] * 8
+    with pytest.raises(pickle.UnpicklingError, match="refuses the NumPy dtype"):
+        _safe_pickle.loads(pickle.dumps(_ForgedDtype(), 4), weights_only=True)
+    for structured in (np.zeros(2, "i4,f8"), np.dtype(("f8", (2,)))):
+        with pytest.raises(pickle.UnpicklingError, match="refuses"):
+            _safe_pickle.loads(pickle.dumps(structured, 4), weights_only=True)
+    with pytest.raises(pickle.UnpicklingError, match="could not build"):
+        _safe_pickle.loads(b"\x80\x04garbage", weights_only=True)
