@@ -69,16 +69,20 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     return allowed
 
 
-class PlainDataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]  # the Python unpickler: its BUILD can be checked
+#: the pure-Python unpickler: its BUILD can be replaced (the C one's cannot)
+_PyUnpickler: Any = pickle._Unpickler
+
+
+class PlainDataUnpickler(_PyUnpickler):
     """Builds only what the module docstring lists; find_class refuses the rest, and a
     BUILD (``__setstate__``) on a dtype or array is checked right after it ran."""
 
     _numpy: dict[tuple[str, str], Any] | None = None
-    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]  # copied, one entry replaced below
+    dispatch = dict(_PyUnpickler.dispatch)  # copied, one entry replaced below
 
     def _load_checked_build(self) -> None:
         inst = self.stack[-2]
-        pickle._Unpickler.dispatch[pickle.BUILD[0]](self)  # type: ignore[attr-defined]  # the stock BUILD
+        _PyUnpickler.dispatch[pickle.BUILD[0]](self)  # the stock BUILD
         if isinstance(inst, np.dtype):
             _check_dtype(inst)
         elif isinstance(inst, (np.ndarray, np.generic)):
