@@ -7,6 +7,11 @@ bool, int, float, complex, str, bytes, bytearray, tuple, list, dict, set, frozen
 slice, range, collections.OrderedDict, NumPy arrays of numeric/bool/str/bytes dtypes,
 NumPy scalars and dtypes. Anything else (a class, a function, an object-dtype array) is
 refused with :class:`~procgroup.errors.PeerError` naming what the sender tried to build.
+
+A few bytes of pickle can name a size instead of carrying the data (``bytes(N)``,
+``bytearray(N)``, ``list(range(N))``, ``numpy.ndarray(shape)``, numpy's ``_reconstruct``):
+what these would allocate is checked first against the object collectives' limit
+(:func:`procgroup.objects.max_object_bytes`) and refused over it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import _compat_pickle
 import collections
 import io
+import math
+import operator
 import pickle
 from typing import Any
 
@@ -22,8 +29,7 @@ import numpy as np
 from .errors import InvalidArgumentError
 
 _BUILTINS = {
-    "builtins": {"complex", "set", "frozenset", "bytearray", "slice", "range", "bytes", "int", "float",
-                 "str", "bool", "tuple", "list", "dict"},
+    "builtins": {"complex", "slice", "range", "int", "float", "str", "bool", "dict"},
     "collections": {"OrderedDict"},
     "_codecs": {"encode"},  # how protocol 2 pickles bytes
 }
@@ -51,6 +57,76 @@ def _plain_dtype(obj: Any, align: bool = False, copy: bool = True) -> np.dtype:
     return dt
 
 
+def _check_size(nbytes: int, what: str) -> None:
+    """Refuse building ``what`` when it would take over the object collectives' limit: the
+    size comes from the peer's pickle, not from data it sent."""
+    from .objects import ENV_MAX_OBJECT_BYTES, max_object_bytes  # objects imports this module
+
+    limit = max_object_bytes()
+    if nbytes > limit:
+        raise pickle.UnpicklingError(f"weights_only=True refuses {what}: it would allocate {nbytes} bytes, over "
+                                     f"the limit of {limit} bytes ({ENV_MAX_OBJECT_BYTES})")
+
+
+#: the builtins whose argument may be a count or a lazy range, and the least bytes one
+#: element they build takes (a pointer for the containers)
+_SIZED_BUILTINS = {"bytes": 1, "bytearray": 1, "list": 8, "tuple": 8, "set": 8, "frozenset": 8}
+
+
+def _sized_builtin(name: str) -> Any:
+    """``builtins.<name>`` refusing a count or range argument over the size limit."""
+    import builtins
+
+    build = getattr(builtins, name)
+    per_item = _SIZED_BUILTINS[name]
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], (int, range)):
+            count = len(args[0]) if isinstance(args[0], range) else int(args[0])
+            _check_size(count * per_item, f"{name}() of {count} items")
+        return build(*args, **kwargs)
+
+    checked.__name__ = checked.__qualname__ = name
+    return checked
+
+
+def _array_bytes(shape: Any, dtype: Any) -> tuple[int, np.dtype]:
+    """The bytes an array of ``shape`` and ``dtype`` takes (exact Python ints: no overflow),
+    and the checked dtype."""
+    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+    _check_dtype(dt)
+    dims = [operator.index(shape)] if not isinstance(shape, (tuple, list)) else [operator.index(d) for d in shape]
+    if any(d < 0 for d in dims):
+        raise pickle.UnpicklingError(f"weights_only=True refuses the array shape {tuple(dims)}: negative dimension")
+    return math.prod(dims) * dt.itemsize, dt
+
+
+def _checked_ndarray(shape: Any, dtype: Any = float, *args: Any, **kwargs: Any) -> np.ndarray:
+    """numpy.ndarray(shape, dtype, ...) refusing object dtypes and sizes over the limit."""
+    nbytes, dt = _array_bytes(shape, dtype)
+    _check_size(nbytes, f"a NumPy array of shape {shape!r} and dtype {dt}")
+    out = np.ndarray(shape, dt, *args, **kwargs)
+    _check_dtype(out.dtype)
+    return out
+
+
+def _checked_reconstruct(build: Any) -> Any:
+    """numpy's _reconstruct(subtype, shape, dtype) for plain ndarrays only, refusing object
+    dtypes and sizes over the limit (the BUILD that follows is checked too)."""
+
+    def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+        if subtype is not _checked_ndarray and subtype is not np.ndarray:
+            raise pickle.UnpicklingError(f"weights_only=True refuses to reconstruct {subtype!r}: only "
+                                         f"numpy.ndarray is allowed")
+        nbytes, dt = _array_bytes(shape, dtype)
+        _check_size(nbytes, f"a NumPy array of shape {shape!r} and dtype {dt}")
+        out = build(np.ndarray, shape, dt)
+        _check_dtype(out.dtype)
+        return out
+
+    return _reconstruct
+
+
 def _numpy_globals() -> dict[tuple[str, str], Any]:
     """The NumPy callables an ndarray/dtype/scalar pickle names, under both module paths
     (numpy.core before NumPy 2, numpy._core after; a peer may run either)."""
@@ -61,9 +137,10 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     except ImportError:
         core = importlib.import_module("numpy.core")
     multiarray, numeric = core.multiarray, core.numeric
-    allowed: dict[tuple[str, str], Any] = {("numpy", "dtype"): _plain_dtype, ("numpy", "ndarray"): np.ndarray}
+    allowed: dict[tuple[str, str], Any] = {("numpy", "dtype"): _plain_dtype, ("numpy", "ndarray"): _checked_ndarray}
+    reconstruct = _checked_reconstruct(multiarray._reconstruct)
     for mod in ("numpy.core", "numpy._core"):
-        allowed[(mod + ".multiarray", "_reconstruct")] = multiarray._reconstruct
+        allowed[(mod + ".multiarray", "_reconstruct")] = reconstruct
         allowed[(mod + ".multiarray", "scalar")] = multiarray.scalar
         allowed[(mod + ".numeric", "_frombuffer")] = numeric._frombuffer
     return allowed
@@ -87,6 +164,7 @@ class PlainDataUnpickler(_PyUnpickler):
             _check_dtype(inst)
         elif isinstance(inst, (np.ndarray, np.generic)):
             _check_dtype(inst.dtype)
+            _check_size(inst.nbytes, f"a NumPy array of shape {inst.shape} and dtype {inst.dtype}")
 
     dispatch[pickle.BUILD[0]] = _load_checked_build
 
@@ -94,6 +172,8 @@ class PlainDataUnpickler(_PyUnpickler):
         # protocols 0-2 name Python 2's modules (what Unpickler's fix_imports maps)
         module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        if module == "builtins" and name in _SIZED_BUILTINS:
+            return _sized_builtin(name)
         if name in _BUILTINS.get(module, ()):
             if module == "collections":
                 return collections.OrderedDict
