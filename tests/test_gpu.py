@@ -84,6 +84,22 @@ def test_ranks_sharing_a_gpu_are_refused_naming_them() -> None:
         refuse_shared_gpus([["h|0000:17:00.0", "h|0000:17:00.0"]])
 
 
+def test_gpus_without_a_bus_id_are_not_taken_for_one_gpu() -> None:
+    """Two processes on one host whose CuPy gives no PCI bus id, each on its cuda:0 (under
+    different CUDA_VISIBLE_DEVICES these are different GPUs): both pass the check."""
+    from procgroup.rendezvous import HashStore
+    from procgroup_nccl._comm import check_in_gpus, host_id, identity_of, refuse_shared_gpus
+
+    code = "from procgroup_nccl._comm import identity_of; print(identity_of(None, 0))"
+    gpus = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           check=True).stdout.strip() for _ in range(2)]
+    assert gpus[0] != gpus[1] and all(g.startswith(host_id() + "|unknown GPU cuda:0 of pid ") for g in gpus), gpus
+    store = HashStore()
+    assert _threads(2, lambda r: refuse_shared_gpus(check_in_gpus(store, "u/in", r, 2, [gpus[r]], 10.0))) == [None] * 2
+    # a known bus id is still compared across processes
+    assert identity_of("0000:17:00.0", 0) == host_id() + "|0000:17:00.0"
+
+
 # ------------------------------------------------------------ one GPU
 
 

@@ -9,12 +9,14 @@ the keys, not a hang.
 The check-in carries each rank's GPU (host, PCI bus id): NCCL refuses two ranks of one
 communicator on one GPU ("Duplicate GPU detected", an unhandled system error after a
 hang-prone init), so ranks that share one are refused here first, with an error that
-names them, before NCCL is called.
+names them, before NCCL is called. A GPU whose bus id CuPy cannot tell is left out of
+that check (its identity names the process), never taken for another rank's GPU.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -82,10 +84,22 @@ def gpu_identity(device: int) -> str:
     import cupy
 
     try:
-        bus = str(cupy.cuda.Device(device).pci_bus_id)
-    except Exception:  # noqa: BLE001 - no bus id from this CuPy or driver: the index decides
-        bus = f"index {device}"
-    return f"{host_id()}|{bus}"
+        bus: str | None = str(cupy.cuda.Device(device).pci_bus_id)
+    except Exception:  # noqa: BLE001 - no bus id from this CuPy or driver: identity unknown
+        bus = None
+    return identity_of(bus, device)
+
+
+def identity_of(bus: str | None, device: int) -> str:
+    """``host|bus`` for a known PCI bus id. Without one the GPU is unknown, and the
+    identity names this process instead: a device index means different GPUs under
+    different CUDA_VISIBLE_DEVICES, so two ranks must not be refused on it; such a GPU is
+    left out of the one-GPU-per-rank check (NCCL's own check still runs)."""
+    if bus is not None:
+        return f"{host_id()}|{bus}"
+    log.debug("nccl: no PCI bus id for cuda:%d in pid %d; the one-GPU-per-rank check skips it",
+              device, os.getpid())
+    return f"{host_id()}|unknown GPU cuda:{device} of pid {os.getpid()}"
 
 
 def shared_gpus(identities: Sequence[Sequence[str]]) -> dict[str, list[int]]:
@@ -179,6 +193,7 @@ __all__ = [
     "exchange_unique_id",
     "gpu_identity",
     "host_id",
+    "identity_of",
     "refuse_shared_gpus",
     "shared_gpus",
     "uid_for_cupy",
