@@ -358,27 +358,51 @@ def barrier(group: GroupArg = None, async_op: bool = False, device_ids: list[int
             timeout: Any = None) -> Work | None:
     """Return once every member has entered the barrier; ``timeout`` (seconds or a
     timedelta) bounds this wait instead of the group's timeout. ``device_ids`` (torch's
-    hint for NCCL) is accepted and not needed."""
+    hint for NCCL) is accepted and not needed.
+
+    When ``timeout`` expires the barrier is still in flight on the members that entered
+    it, and a later collective would pair with it; so, as torch aborts a communicator on
+    a timeout, the group is given up: revoked when its backend can (every member's pending
+    and later ops fail with GroupRevokedError; shrink() it to go on), else broken here
+    (every later op on it raises the CommTimeoutError). Do not use the group again.
+    ``timeout`` with ``async_op=True`` is refused: bound the wait with ``Work.wait``'s
+    own timeout instead (which leaves the group usable only if the wait then completes)."""
     g = member_or_none(group, "barrier")
     if g is None:
         return None
     if device_ids is not None and (not isinstance(device_ids, (list, tuple))
                                    or not all(isinstance(d, int) for d in device_ids)):
         raise InvalidArgumentError(f"barrier: device_ids must be a list of ints, got {device_ids!r}")
-    if timeout is None or async_op:
+    if timeout is None:
         return _execute(g, "barrier", (), [], async_op)
+    if async_op:
+        raise InvalidArgumentError("barrier: timeout= with async_op=True is not supported (an expired barrier "
+                                   "gives the group up, which an async caller cannot see coming); pass "
+                                   "async_op=True alone and bound the wait with work.wait(timeout=...)")
     _barrier_within(g, timeout_seconds(timeout))
     return None
 
 
 def _barrier_within(g: Group, seconds: float) -> None:
-    """A blocking barrier that gives up after ``seconds`` with a CommTimeoutError."""
+    """A blocking barrier that gives up after ``seconds`` with a CommTimeoutError, and
+    gives the group up with it: the barrier stays in flight, so the next collective of
+    the members that entered it would pair with it (see :func:`barrier`)."""
     work = cast(Work, _execute(g, "barrier", (), [], True))
     try:
         work.wait(timeout=seconds)
     except CommTimeoutError:
-        raise CommTimeoutError(f"barrier: not every member of {list(g.ranks)} arrived within {seconds:g}s "
-                               f"(barrier's timeout)", op="barrier") from None
+        channel = g.channel
+        assert channel is not None  # member_or_none checked
+        revoked = channel.survives
+        after = ("the group is revoked: shrink() it to go on" if revoked else
+                 "the group is broken: do not use it again (destroy_process_group, then start anew)")
+        error = CommTimeoutError(f"barrier: not every member of {list(g.ranks)} arrived within {seconds:g}s "
+                                 f"(barrier's timeout); {after}", op="barrier")
+        if revoked:
+            channel.revoke()
+        else:
+            channel.interrupt(error)
+        raise error from None
 
 
 __all__ = [
