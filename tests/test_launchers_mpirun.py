@@ -150,7 +150,7 @@ def test_env_defaults_under_mpirun() -> None:
                  "PMIX_HOSTNAME": "node-b", "PMIX_NAMESPACE": "prterun-node-a-12345@1"}
     env = RendezvousEnv.from_environ(two_hosts)
     assert env.master_addr_and_source() == ("node-a", "PMIX_NAMESPACE (mpirun's host)")
-    assert env.master_port_and_source() == (20000 + 345 * 10 + 1, "PMIX_NAMESPACE (mpirun's pid and job)")
+    assert env.master_port_and_source() == (10000 + 345 * 10 + 1, "PMIX_NAMESPACE (mpirun's pid and job)")
     one_host = {**two_hosts, "OMPI_COMM_WORLD_LOCAL_SIZE": "8", "PMIX_HOSTNAME": "node-a"}
     assert _openmpi.mpirun_host(one_host) == "127.0.0.1"
     # MASTER_* win; srun --mpi=pmix's namespace (no OMPI_ rank) says nothing; Slurm's rule follows
@@ -159,3 +159,7 @@ def test_env_defaults_under_mpirun() -> None:
     pmix = {"PMIX_RANK": "0", "PMIX_NAMESPACE": "slurm.pmix.5.0", "SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0"}
     assert _openmpi.mpirun_host(pmix) is None and _openmpi.master_port(pmix) is None
     assert RendezvousEnv.from_environ(pmix).master_port_and_source()[0] == 20050
+    # Open MPI's range (10000-19999) and Slurm's (20000-29999) never meet
+    openmpi = {_openmpi.master_port({**two_hosts, "PMIX_NAMESPACE": f"prterun-h-{pid}@{job}"})
+               for pid in range(1000) for job in range(10)}
+    assert len(openmpi) == 10000 and min(openmpi) == 10000 and max(openmpi) == 19999  # type: ignore[type-var]  # None would fail the assert

@@ -59,12 +59,15 @@ def test_master_port_rule() -> None:
     assert port({}) is None and port({"SLURM_STEP_ID": "0"}) is None  # not in a job
     assert port({"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0"}) == 20010
     assert port({"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "3"}) == 20000 + 234 * 10 + 3
-    assert port({"SLURM_JOB_ID": "1234", "SLURM_STEPID": "13"}) == 20000 + 234 * 10 + 3
-    # the batch script (no step id, or Slurm's reserved batch id) is slot 9
+    assert port({"SLURM_JOB_ID": "1234", "SLURM_STEPID": "12"}) == 20000 + 234 * 10 + 3  # steps cycle mod 9
+    # the batch script (no step id, or Slurm's reserved batch id) is slot 9, which no step takes
     assert port({"SLURM_JOB_ID": "1234"}) == 20000 + 234 * 10 + 9
     assert port({"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "4294967291"}) == 20000 + 234 * 10 + 9
+    batch = port({"SLURM_JOB_ID": "1234"})
+    assert all(port({"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": str(s)}) != batch for s in range(100))
     # every job id and step maps into 20000-29999; jobs 1 apart never share a port
-    ports = {port({"SLURM_JOB_ID": str(j), "SLURM_STEP_ID": str(s)}) for j in range(1000) for s in range(10)}
+    ports = {port({"SLURM_JOB_ID": str(j), "SLURM_STEP_ID": str(s)}) for j in range(1000) for s in range(9)}
+    ports |= {port({"SLURM_JOB_ID": str(j)}) for j in range(1000)}
     assert len(ports) == 10000 and min(ports) == 20000 and max(ports) == 29999  # type: ignore[type-var]  # port() is int | None; None would fail the assert
 
 

@@ -79,3 +79,5 @@ def test_every_step_gets_a_port_in_range(job: int, step: int | None) -> None:
     env = {"SLURM_JOB_ID": str(job)} | ({} if step is None else {"SLURM_STEP_ID": str(step)})
     port = _slurm.master_port(env)
     assert port is not None and 20000 <= port <= 29999
+    if step is not None and step < 0xFFFFFFF0:  # a numbered step never takes the batch script's port
+        assert port != _slurm.master_port({"SLURM_JOB_ID": str(job)})

@@ -10,9 +10,11 @@ From the namespace:
   every rank runs on mpirun's host (OMPI_COMM_WORLD_LOCAL_SIZE equals the world size and
   PMIX_HOSTNAME is mpirun's host) it is 127.0.0.1: nothing leaves the machine, which
   needs no job token.
-- MASTER_PORT defaults to ``20000 + (pid mod 1000) * 10 + (job mod 10)``: the same on every
+- MASTER_PORT defaults to ``10000 + (pid mod 1000) * 10 + (job mod 10)``: the same on every
   rank, different for two mpiruns on one host unless their pids are equal modulo 1000.
-  The range is Slurm's (:mod:`._slurm`), below Linux's ephemeral ports.
+  The range 10000-19999 is its own: an mpirun inside a Slurm job never takes a port of
+  Slurm's rule (:mod:`._slurm`, 20000-29999), and both stay below Linux's ephemeral
+  ports (32768 and up).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import re
 from collections.abc import Mapping
 
 from . import _slurm
+
+#: the first port of Open MPI's range (10000-19999, below Slurm's)
+PORT_BASE = 10000
 
 _NAMESPACE = re.compile(r"^prterun-(?P<host>[A-Za-z0-9._-]+)-(?P<pid>\d+)@(?P<job>\d+)$")
 
@@ -49,7 +54,7 @@ def master_port(environ: Mapping[str, str]) -> int | None:
     if m is None:
         return None
     pid, job = int(m.group("pid")), int(m.group("job"))
-    return _slurm.PORT_BASE + (pid % _slurm.JOBS) * _slurm.STEPS_PER_JOB + job % _slurm.STEPS_PER_JOB
+    return PORT_BASE + (pid % _slurm.JOBS) * _slurm.STEPS_PER_JOB + job % _slurm.STEPS_PER_JOB
 
 
 __all__ = ["master_port", "mpirun_host"]

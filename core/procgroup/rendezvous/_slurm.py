@@ -7,15 +7,18 @@
 **The master port rule.** Inside a Slurm job step with MASTER_PORT unset, env:// (and
 procgroup-run under ``srun``/``sbatch``) uses::
 
-    port = 20000 + (SLURM_JOB_ID mod 1000) * 10 + (SLURM_STEP_ID mod 10)
+    port = 20000 + (SLURM_JOB_ID mod 1000) * 10 + slot
+    slot = SLURM_STEP_ID mod 9, or 9 for the batch script
 
 so every rank of a step computes the same port without talking, jobs sharing a node use
 different ports unless their ids are equal modulo 1000 (for example jobs 1234 and 2234
-both running on one node), and up to 10 consecutive steps of one job get different
-ports. The range 20000-29999 stays below Linux's ephemeral ports (32768 and up), which
-outgoing connections take, and clear of Slurm's own 6817/6818. A step with no numeric id
-(the batch script itself, whose SLURM_STEP_ID Slurm leaves unset or sets to a reserved
-value) counts as step 9. Set MASTER_PORT to choose another port.
+both running on one node), and up to 9 consecutive steps of one job get different
+ports. A step with no numeric id (the batch script itself, whose SLURM_STEP_ID Slurm
+leaves unset or sets to a reserved value) has slot 9 to itself, so it never shares a
+port with a step it starts. The range 20000-29999 stays below Linux's ephemeral ports
+(32768 and up), which outgoing connections take, and clear of Slurm's own 6817/6818 and
+of Open MPI's rule (:mod:`._openmpi`, 10000-19999). Set MASTER_PORT to choose another
+port.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from collections.abc import Mapping
 from procgroup.errors import InvalidArgumentError
 
 PORT_BASE = 20000
-#: ports per job: one per step id modulo this
+#: ports per job: the numbered steps' slots and the batch script's
 STEPS_PER_JOB = 10
 #: jobs told apart: job ids modulo this
 JOBS = 1000
 #: the slot of a step without a numeric id (the batch script)
 BATCH_STEP_SLOT = STEPS_PER_JOB - 1
+#: numbered steps take the slots below the batch script's: step id modulo this
+STEP_SLOTS = BATCH_STEP_SLOT
 #: Slurm's reserved step ids (pending, extern, batch, interactive ...) start here
 _RESERVED_STEP_ID = 0xFFFFFFF0
 #: at most this many hosts from one list (a typo like n[1-99999999] must not eat memory)
@@ -159,7 +164,7 @@ def master_port(environ: Mapping[str, str]) -> int | None:
     if job is None:
         return None
     step = _int_or_none(environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID")))
-    slot = BATCH_STEP_SLOT if step is None or step >= _RESERVED_STEP_ID else step % STEPS_PER_JOB
+    slot = BATCH_STEP_SLOT if step is None or step >= _RESERVED_STEP_ID else step % STEP_SLOTS
     return PORT_BASE + (job % JOBS) * STEPS_PER_JOB + slot
 
 
