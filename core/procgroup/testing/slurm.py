@@ -142,11 +142,11 @@ class SlurmCluster:
         return env
 
     def log_text(self) -> str:
-        """The daemons' logs (for a failure message)."""
+        """The daemons' logs and stderr (for a failure message)."""
         if self.dir is None:
             return ""
         parts = []
-        for path in sorted(self.dir.glob("*.log")):
+        for path in sorted([*self.dir.glob("*.log"), *self.dir.glob("*.out")]):
             text = path.read_text(errors="replace")
             parts.append(f"--- {path.name}\n{text[-4000:]}")
         return "\n".join(parts)
@@ -176,16 +176,18 @@ class SlurmCluster:
         self.sim.start()
         self._start_munged()
         self._write_conf()
-        self._daemons.append(self.sim.popen(
-            self.login, [_which("slurmctld") or "slurmctld", "-D", "-i", "-f", str(self.conf)],
-            self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=open(self.dir / "slurmctld.out", "w")))  # noqa: SIM115 (closed with the process)
-        for host in self.compute:
+        # each daemon's stderr goes to a file of its own; the child holds its own descriptor,
+        # so this process closes its copy as soon as the daemon started
+        with open(self.dir / "slurmctld.out", "w") as err:
             self._daemons.append(self.sim.popen(
-                host, [*_with_host_cgroups(), _which("slurmd") or "slurmd", "-D", "-N",
-                       host.hostname, "-f", str(self.conf)],
-                self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=open(self.dir / f"slurmd-{host.hostname}.out", "w")))  # noqa: SIM115 - closed with the process
+                self.login, [_which("slurmctld") or "slurmctld", "-D", "-i", "-f", str(self.conf)],
+                self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err))
+        for host in self.compute:
+            with open(self.dir / f"slurmd-{host.hostname}.out", "w") as err:
+                self._daemons.append(self.sim.popen(
+                    host, [*_with_host_cgroups(), _which("slurmd") or "slurmd", "-D", "-N",
+                           host.hostname, "-f", str(self.conf)],
+                    self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err))
         self._wait_idle()
 
     def _start_munged(self) -> None:
@@ -198,17 +200,20 @@ class SlurmCluster:
         os.chmod(key, 0o400)
         # in the login host's namespace like every daemon, so that removing a cluster whose
         # creator was killed (simcluster.remove_cluster) ends it too
-        self._munged = self.sim.popen(
-            self.login,
-            [_which("munged") or "munged", "-F", "-f", f"--socket={self.socket}",
-             f"--key-file={key}", f"--pid-file={munge / 'munged.pid'}",
-             f"--seed-file={munge / 'munged.seed'}", f"--log-file={self.dir / 'munged.log'}"],
-            self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # stderr to a file: a pipe nobody reads would block munged once it filled
+        err_path = self.dir / "munged.out"
+        with open(err_path, "w") as err:
+            self._munged = self.sim.popen(
+                self.login,
+                [_which("munged") or "munged", "-F", "-f", f"--socket={self.socket}",
+                 f"--key-file={key}", f"--pid-file={munge / 'munged.pid'}",
+                 f"--seed-file={munge / 'munged.seed'}", f"--log-file={self.dir / 'munged.log'}"],
+                self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 30
         while not os.path.exists(self.socket):
             if self._munged.poll() is not None:
-                err = self._munged.stderr.read() if self._munged.stderr else ""
-                raise SetupError(f"munged did not start ({self._munged.returncode}): {err.strip()}")
+                text = err_path.read_text(errors="replace")
+                raise SetupError(f"munged did not start ({self._munged.returncode}): {text.strip()[-2000:]}")
             if time.monotonic() > deadline:
                 raise SetupError("munged did not create its socket within 30 s")
             time.sleep(0.05)
