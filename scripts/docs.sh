@@ -16,13 +16,18 @@ if [ -z "$py" ]; then
   if [ -x .venv313/bin/python ]; then
     py=.venv313/bin/python
   else
-    if [ ! -x .venv-docs/bin/python ]; then
-      base=$(bash scripts/find-python.sh 3.13 "The documentation builds on CPython 3.13 (PROCGROUP_DOCS_PYTHON picks another).")
-      "$base" -m venv .venv-docs
+    # the marker is written only after a whole install succeeded, so a failed or
+    # interrupted one is redone by the next run (the venv itself may already exist)
+    if [ ! -f .venv-docs/.procgroup-installed ]; then
+      if [ ! -x .venv-docs/bin/python ]; then
+        base=$(bash scripts/find-python.sh 3.13 "The documentation builds on CPython 3.13 (PROCGROUP_DOCS_PYTHON picks another).")
+        "$base" -m venv .venv-docs
+      fi
       extras=()
       for b in tcp mpi gloo nccl; do [ -f "backends/$b/pyproject.toml" ] && extras+=(-e "backends/$b"); done
       .venv-docs/bin/python -m pip install -q --disable-pip-version-check -e ".[docs]" "${extras[@]}" \
         >.venv-docs/install.log 2>&1 || { cat .venv-docs/install.log >&2; exit 1; }
+      touch .venv-docs/.procgroup-installed
     fi
     py=.venv-docs/bin/python
   fi
