@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/demo.sh [DEMO ARGS...]
 # The first run: install what the demo needs, the core and the tcp backend (with their
-# dependencies: NumPy, pluggy, pydantic; no torch, no other backend), into a venv of its own,
+# dependencies: NumPy, pluggy; no torch, no other backend), into a venv of its own,
 # .venv-demo, then run the 4-rank demo on the default tcp backend: every collective once,
 # each rank printing what it got. The dev venvs (.venv313, .venv) are scripts/setup-dev.sh's.
 #

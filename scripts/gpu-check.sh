@@ -63,7 +63,7 @@ wheels=()
   missing=()
   "$vpy" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" 2>/dev/null \
     || missing+=("setuptools>=77")
-  for mod_req in "pydantic:pydantic>=2.5" "pytest_timeout:pytest-timeout>=2" "pytest:pytest>=7" "pluggy:pluggy>=1.3" \
+  for mod_req in "pytest_timeout:pytest-timeout>=2" "pytest:pytest>=7" "pluggy:pluggy>=1.3" \
                  "numpy:numpy>=1.23"; do
     "$vpy" -c "import ${mod_req%%:*}" 2>/dev/null || missing+=("${mod_req#*:}")
   done
@@ -76,7 +76,7 @@ wheels=()
   for b in tcp nccl mpi gloo; do [ -f "backends/$b/pyproject.toml" ] && pkgs+=(-e "backends/$b"); done
   "${pipi[@]}" --no-deps --no-build-isolation "${pkgs[@]}"
 } >>"$out/install.log" 2>&1
-if ! "$vpy" -c "import procgroup, procgroup_tcp, procgroup_nccl, pydantic, pytest_timeout" >>"$out/install.log" 2>&1; then
+if ! "$vpy" -c "import procgroup, procgroup_tcp, procgroup_nccl, pytest_timeout" >>"$out/install.log" 2>&1; then
   tail -20 "$out/install.log"
   note "install failed (see install.log; did scripts/gpu-wheels.sh run here and .gpu-wheels travel?)"
   finish 1

@@ -24,8 +24,7 @@ from procgroup.testing import ConformanceSuite
 from procgroup.testing import minimal_channel
 
 REPO = Path(__file__).resolve().parents[1]
-NEEDED = ["numpy", "numpy.libs", "pluggy", "pydantic", "pydantic_core", "typing_extensions.py",
-          "annotated_types", "typing_inspection"]
+NEEDED = ["numpy", "numpy.libs", "pluggy"]
 
 
 def _site_packages() -> Path:

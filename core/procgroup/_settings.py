@@ -98,29 +98,5 @@ def env_timeout(env: str, default: float) -> float:
     return timeout_seconds(raw, source=f"environment variable {env}") if raw else default
 
 
-def plain_problem(err: Mapping[str, Any]) -> str:
-    """procgroup's wording for one pydantic validation error (``ValidationError.errors()``
-    item), so users never read pydantic's: "must be an int >= 1", not "Input should be"."""
-    kind, ctx = str(err.get("type", "")), err.get("ctx") or {}
-    bounds = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
-              "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
-    if kind in bounds:
-        sign, key = bounds[kind]
-        return f"must be {sign} {ctx.get(key)}"
-    if kind in ("int_type", "int_parsing", "int_from_float"):
-        return "must be a whole number"
-    if kind in ("float_type", "float_parsing"):
-        return "must be a number"
-    if kind in ("string_type", "string_unicode"):
-        return "must be a str"
-    if kind == "string_too_short":
-        return "must not be empty"
-    if kind == "value_error" and ctx.get("error") is not None:
-        return str(ctx["error"])
-    if kind == "extra_forbidden":
-        return "is not a known setting"
-    return "is invalid"
-
-
-__all__ = ["MAX_TIMEOUT_S", "Timeout", "env_bytes", "env_choice", "env_flag", "env_timeout", "plain_problem", "setting",
+__all__ = ["MAX_TIMEOUT_S", "Timeout", "env_bytes", "env_choice", "env_flag", "env_timeout", "setting",
            "timeout_seconds"]

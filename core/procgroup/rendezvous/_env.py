@@ -1,4 +1,4 @@
-"""Environment variables read by ``env://``, parsed with pydantic so errors name them.
+"""Environment variables read by ``env://``, parsed so that errors name the variable and its value.
 
 Rank and world size come from the first of these that is set (an argument to
 ``rendezvous`` beats them all):
@@ -23,11 +23,10 @@ Elsewhere MASTER_PORT has no default.
 
 from __future__ import annotations
 
-import functools
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from procgroup._settings import plain_problem
 from procgroup.errors import InvalidArgumentError
 
 from . import _openmpi, _slurm
@@ -49,39 +48,44 @@ _TEXT = (*_SLURM_TEXT, "PMIX_NAMESPACE", "PMIX_HOSTNAME", "OMPI_COMM_WORLD_LOCAL
 FIELDS = ("MASTER_ADDR", "MASTER_PORT", *_RANKS, *_SIZES, *_TEXT)
 
 
-@functools.cache
-def _model() -> Any:
-    """The pydantic model of the variables, built (and pydantic imported) on first use:
-    ``import procgroup`` does not pay for pydantic."""
-    from typing import Annotated
+_WHOLE = re.compile(r"[+-]?[0-9]+")
 
-    from pydantic import ConfigDict, Field, create_model, field_validator
 
-    rank = Annotated[int | None, Field(ge=0)]
-    size = Annotated[int | None, Field(ge=1)]
-    port = Annotated[int | None, Field(ge=1, le=65535)]
+def _whole_number(raw: str, minimum: int, maximum: int | None = None) -> int:
+    """``raw`` as an int in [minimum, maximum]; ValueError with procgroup's wording."""
+    if _WHOLE.fullmatch(raw) is None:
+        raise ValueError("must be a whole number")
+    value = int(raw)
+    if value < minimum:
+        raise ValueError(f"must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"must be <= {maximum}")
+    return value
 
-    def no_spaces(cls: Any, v: str | None) -> str | None:
-        if v is not None and (not v.strip() or any(c.isspace() for c in v.strip())):
-            raise ValueError("must be a host name or IP address without spaces")
-        return v.strip() if v is not None else None
 
-    fields: dict[str, Any] = {"MASTER_ADDR": (str | None, None), "MASTER_PORT": (port, None)}
-    fields.update({k: (rank, None) for k in _RANKS})
-    fields.update({k: (size, None) for k in _SIZES})
-    fields.update({k: (str | None, None) for k in _TEXT})
-    return create_model(  # type: ignore[call-overload]  # fields built at run time
-        "RendezvousEnvModel",
-        __config__=ConfigDict(extra="ignore", frozen=True, strict=False),
-        __validators__={"_no_spaces": field_validator(*_HOSTS)(classmethod(no_spaces))},  # type: ignore[dict-item]  # pydantic's validator object
-        **fields,
-    )
+def _host(raw: str) -> str:
+    if any(c.isspace() for c in raw):
+        raise ValueError("must be a host name or IP address without spaces")
+    return raw
+
+
+def _parse(name: str, raw: str) -> int | str:
+    """One variable's value (already stripped, never empty), by the variable's kind."""
+    if name == "MASTER_PORT":
+        return _whole_number(raw, 1, 65535)
+    if name in _RANKS:
+        return _whole_number(raw, 0)
+    if name in _SIZES:
+        return _whole_number(raw, 1)
+    if name in _HOSTS:
+        return _host(raw)
+    return raw
 
 
 class RendezvousEnv:
     """The variables env:// understands, validated; unset or empty ones are None."""
 
-    #: The variables' names (pydantic's spelling, kept for callers that list them).
+    #: The variables' names (for callers that list them).
     model_fields: dict[str, None] = dict.fromkeys(FIELDS)
 
     MASTER_ADDR: str | None = None
@@ -112,21 +116,16 @@ class RendezvousEnv:
     def from_environ(cls, environ: Mapping[str, str], scheme: str = "env://") -> RendezvousEnv:
         """Validate the known variables of ``environ``; errors name variable and value."""
         raw = {k: environ[k].strip() for k in FIELDS if environ.get(k, "").strip()}
-        if not raw:
-            return cls()
-        from pydantic import ValidationError
-
-        try:
-            model = _model().model_validate(raw)
-        except ValidationError as exc:
-            problems = []
-            for err in exc.errors():
-                name = str(err["loc"][0]) if err["loc"] else "?"
-                problems.append(
-                    f"environment variable {name}={raw.get(name, '')!r} is invalid: {plain_problem(err)}"
-                )
-            raise InvalidArgumentError(f"{scheme}: " + "; ".join(problems)) from None
-        return cls(**{k: getattr(model, k) for k in FIELDS})
+        values: dict[str, int | str] = {}
+        problems = []
+        for name, text in raw.items():
+            try:
+                values[name] = _parse(name, text)
+            except ValueError as exc:
+                problems.append(f"environment variable {name}={text!r} is invalid: {exc}")
+        if problems:
+            raise InvalidArgumentError(f"{scheme}: " + "; ".join(problems))
+        return cls(**values)
 
     def rank_and_source(self) -> tuple[int | None, str]:
         """The rank and the variable it came from (None, '' when unset)."""
