@@ -101,7 +101,27 @@ class GroupInfo:
 
 # ------------------------------------------------------------------ the caller's frame
 _own_dirs: list[str] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]
-_own_codes: dict[Any, bool] = {}  # code object -> True when it is procgroup's or a backend's
+#: inside procgroup but callers in their own right: the benchmark's timing loops (their
+#: line is the caller's line, and walking past them would walk the whole stack every op)
+_CALLER_DIRS = (os.sep + "procgroup" + os.sep + "bench" + os.sep,)
+#: the walk gives up after this many of procgroup's frames (the last one is then the caller)
+MAX_WALK = 12
+
+
+#: source file name -> True when it is procgroup's or a backend's (its frames are walked
+#: past). Keyed by the file name, not the code object: a str caches its hash, while hashing
+#: a code object walks its bytecode and constants on every lookup (microseconds for a large
+#: function, on every op). A plain dict read with .get: a dict subclass's [] goes through a
+#: Python-level __getitem__ lookup, several times the cost
+_OWN_FILES: dict[str, bool] = {}
+
+
+def _classify(name: str) -> bool:
+    """Whether source file ``name`` is procgroup's own; the verdict is remembered."""
+    own = (any(name.startswith(d) for d in _own_dirs) and not any(c in name for c in _CALLER_DIRS)) or (
+        name.startswith("<frozen") or os.sep + "concurrent" + os.sep in name or name.endswith(os.sep + "threading.py"))
+    _OWN_FILES[name] = own
+    return own
 
 
 def add_own_package(module_name: str) -> None:
@@ -112,22 +132,7 @@ def add_own_package(module_name: str) -> None:
         d = os.path.dirname(os.path.abspath(path)) + os.sep
         if d not in _own_dirs:
             _own_dirs.append(d)
-            _own_codes.clear()
-
-
-#: inside procgroup but callers in their own right: the benchmark's timing loops (their
-#: line is the caller's line, and walking past them would walk the whole stack every op)
-_CALLER_DIRS = (os.sep + "procgroup" + os.sep + "bench" + os.sep,)
-#: the walk gives up after this many of procgroup's frames (the last one is then the caller)
-MAX_WALK = 12
-
-
-def _classify(code: Any) -> bool:
-    name = code.co_filename
-    own = (any(name.startswith(d) for d in _own_dirs) and not any(c in name for c in _CALLER_DIRS)) or (
-        name.startswith("<frozen") or os.sep + "concurrent" + os.sep in name or name.endswith(os.sep + "threading.py"))
-    _own_codes[code] = own
-    return own
+            _OWN_FILES.clear()
 
 
 _getframe = sys._getframe
@@ -179,10 +184,11 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
     one ring entry per call.
 
     This is on the path of every op, so it does the least that must be done at call time:
-    the caller's frame is walked (first frame whose code is not procgroup's, the verdict
-    cached per code object) and its code and instruction offset kept (the line is worked
-    out when the record is read); size and dtype are read from the array, never the array
-    kept (the ring must not hold the caller's memory); a completed op only flips its state.
+    the caller's frame is walked (first frame whose source file is not procgroup's, the
+    verdict cached per file name) and its code and instruction offset kept (file, line and
+    function are worked out when the record is read); size and dtype are read from the
+    array, never the array kept (the ring must not hold the caller's memory); a completed
+    op only flips its state.
     """
     rec = RECORDER
     if rec.size == 0:
@@ -190,7 +196,7 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
     info = channel._flight_info
     append = rec.ring.append
     array_at, peer_at = _ARGS.get(op, (None, None))
-    own = _own_codes.get
+    own = _OWN_FILES.get
     classify = _classify
     failed = _failed
     state0 = ISSUED if started else STARTED
@@ -201,14 +207,20 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
             if tag >= MAX_USER_TAG:  # a step of a collective, a group's translated call
                 return fn(array, peer, tag)
             f: Any = _getframe(1)
-            n = 0
-            while n < MAX_WALK and ((k := own(f.f_code)) or (k is None and classify(f.f_code))):
+            code = f.f_code
+            n = MAX_WALK
+            while n and ((k := own(code.co_filename)) or (k is None and classify(code.co_filename))):
                 f = f.f_back or f
-                n += 1
+                code = f.f_code
+                n -= 1
             seq = info.p2p + 1  # numbered from 1: "the 5th all_reduce" is #5
             info.p2p = seq
-            entry = [spec, seq, peer, getattr(array, "nbytes", -1), getattr(array, "dtype", None),
-                     state0, _perf(), f.f_code, f.f_lasti]
+            try:
+                nbytes = array.nbytes
+                dtype = array.dtype
+            except AttributeError:
+                nbytes, dtype = -1, None
+            entry = [spec, seq, peer, nbytes, dtype, state0, _perf(), code, f.f_lasti]
             append(entry)
             try:
                 result = fn(array, peer, tag)
@@ -228,19 +240,20 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
         # arguments take the general wrapper below)
         def call_reduce(array: Any, reduce_op: Any) -> Any:
             f: Any = _getframe(1)
-            n = 0
-            while n < MAX_WALK and ((k := own(f.f_code)) or (k is None and classify(f.f_code))):
+            code = f.f_code
+            n = MAX_WALK
+            while n and ((k := own(code.co_filename)) or (k is None and classify(code.co_filename))):
                 f = f.f_back or f
-                n += 1
+                code = f.f_code
+                n -= 1
             seq = info.coll + 1
             info.coll = seq
-            nbytes = getattr(array, "nbytes", None)
-            if nbytes is None:
-                nbytes, dtype = _list_shape(array)
-            else:
+            try:
+                nbytes = array.nbytes
                 dtype = array.dtype
-            entry = [spec, seq, None, nbytes, dtype, STARTED, _perf(),
-                     f.f_code, f.f_lasti]
+            except AttributeError:
+                nbytes, dtype = _list_shape(array)
+            entry = [spec, seq, None, nbytes, dtype, STARTED, _perf(), code, f.f_lasti]
             append(entry)
             try:
                 result = fn(array, reduce_op)
@@ -254,24 +267,25 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
 
     def call(*args: Any) -> Any:
         f: Any = _getframe(1)
-        n = 0
-        while n < MAX_WALK and ((k := own(f.f_code)) or (k is None and classify(f.f_code))):
+        code = f.f_code
+        n = MAX_WALK
+        while n and ((k := own(code.co_filename)) or (k is None and classify(code.co_filename))):
             f = f.f_back or f
-            n += 1
+            code = f.f_code
+            n -= 1
         seq = info.coll + 1
         info.coll = seq
         if array_at is not None and array_at < len(args):
             x = args[array_at]
-            nbytes = getattr(x, "nbytes", None)
-            if nbytes is None:
-                nbytes, dtype = _list_shape(x)
-            else:
+            try:
+                nbytes = x.nbytes
                 dtype = x.dtype
+            except AttributeError:
+                nbytes, dtype = _list_shape(x)
         else:
             nbytes, dtype = 0, None
         peer = args[peer_at] if peer_at is not None and peer_at < len(args) else None
-        entry = [spec, seq, peer, nbytes, dtype, state0, _perf(),
-                 f.f_code, f.f_lasti]
+        entry = [spec, seq, peer, nbytes, dtype, state0, _perf(), code, f.f_lasti]
         append(entry)
         try:
             result = fn(*args)
