@@ -233,6 +233,11 @@ def parse_nnodes(value: str) -> int:
     return n_lo
 
 
+def _decimal(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts superscripts ('¹'), which int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def parse_std(value: str, option: str) -> dict[int, int]:
     """torchrun's Std spec: ``0``-``3`` for every local rank (-1 key) or ``0:3,1:1``."""
     value = value.strip()
@@ -240,7 +245,7 @@ def parse_std(value: str, option: str) -> dict[int, int]:
         f"{option} must be 0 (none), 1 (stdout), 2 (stderr), 3 (both) or a per-local-rank "
         f"map like 0:3,1:1; got {value!r}"
     )
-    if value.isdigit():
+    if _decimal(value):
         bits = int(value)
         if bits > 3:
             raise err
@@ -248,7 +253,7 @@ def parse_std(value: str, option: str) -> dict[int, int]:
     out: dict[int, int] = {}
     for item in value.split(","):
         rank, sep, bits_s = item.partition(":")
-        if not sep or not rank.strip().isdigit() or not bits_s.strip().isdigit():
+        if not sep or not _decimal(rank.strip()) or not _decimal(bits_s.strip()):
             raise err
         bits = int(bits_s)
         if bits > 3:

@@ -245,7 +245,7 @@ def install_flight_dump() -> bool:
     """
     directory = os.environ.get(FLIGHT_DIR_ENV)
     rank = os.environ.get("RANK", "")
-    if not directory or not rank.isdigit():
+    if not directory or not (rank.isascii() and rank.isdigit()):
         return False
     sig = flight_signal()
     json_path, text_path = flight_files(directory, rank)

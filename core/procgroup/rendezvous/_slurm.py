@@ -133,7 +133,7 @@ def first_host(hostlist: str, variable: str = "the host list", where: str = "env
 
 def _int_or_none(value: str | None) -> int | None:
     value = (value or "").strip()
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def in_job(environ: Mapping[str, str]) -> bool:
