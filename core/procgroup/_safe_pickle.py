@@ -21,6 +21,7 @@ import collections
 import io
 import math
 import operator
+import os
 import pickle
 from typing import Any
 
@@ -57,11 +58,28 @@ def _plain_dtype(obj: Any, align: bool = False, copy: bool = True) -> np.dtype:
     return dt
 
 
+ENV_MAX_OBJECT_BYTES = "PROCGROUP_MAX_OBJECT_BYTES"
+DEFAULT_MAX_OBJECT_BYTES = 2**32
+
+
+def max_object_bytes() -> int:
+    """$PROCGROUP_MAX_OBJECT_BYTES, else 4 GiB."""
+    raw = os.environ.get(ENV_MAX_OBJECT_BYTES, "").strip()
+    if not raw:
+        return DEFAULT_MAX_OBJECT_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise InvalidArgumentError(f"environment variable {ENV_MAX_OBJECT_BYTES}={raw!r}: expected a positive "
+                                   f"number of bytes")
+    return value
+
+
 def _check_size(nbytes: int, what: str) -> None:
     """Refuse building ``what`` when it would take over the object collectives' limit: the
     size comes from the peer's pickle, not from data it sent."""
-    from .objects import ENV_MAX_OBJECT_BYTES, max_object_bytes  # objects imports this module
-
     limit = max_object_bytes()
     if nbytes > limit:
         raise pickle.UnpicklingError(f"weights_only=True refuses {what}: it would allocate {nbytes} bytes, over "

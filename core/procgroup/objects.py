@@ -11,7 +11,6 @@ every rank (they all see the same sizes), never a huge allocation.
 
 from __future__ import annotations
 
-import os
 import pickle
 from typing import Any
 from collections.abc import Sequence
@@ -19,31 +18,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import _ops, _safe_pickle, _state
+from ._safe_pickle import DEFAULT_MAX_OBJECT_BYTES, ENV_MAX_OBJECT_BYTES, max_object_bytes
 from ._torch_args import member_or_none, root_rank, torch_names
 from .errors import InvalidArgumentError, PeerError
 from .groups import GroupArg
 
 #: The largest pickle (bytes) one object collective moves per object and in all; set it
 #: alike on every rank.
-ENV_MAX_OBJECT_BYTES = "PROCGROUP_MAX_OBJECT_BYTES"
-DEFAULT_MAX_OBJECT_BYTES = 2**32
-
-
-def max_object_bytes() -> int:
-    """$PROCGROUP_MAX_OBJECT_BYTES, else 4 GiB."""
-    raw = os.environ.get(ENV_MAX_OBJECT_BYTES, "").strip()
-    if not raw:
-        return DEFAULT_MAX_OBJECT_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value <= 0:
-        raise InvalidArgumentError(f"environment variable {ENV_MAX_OBJECT_BYTES}={raw!r}: expected a positive "
-                                   f"number of bytes")
-    return value
-
-
 def _check_sizes(sizes: Sequence[int], owner: int, g: Any, op: str) -> None:
     """Refuse pickle sizes announced by group rank ``owner`` that are negative or over the
     limit (each, and in all). Every rank checks the same sizes, so every rank raises alike
