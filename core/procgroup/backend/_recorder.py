@@ -548,8 +548,12 @@ def explain(channel: DataChannel, entry: list[Any], exc: ProcGroupError) -> None
         info = channel._flight_info
         blamed = [info.world(r) for r in (exc.ranks or ())]
         # a departing rank's reason goes out before its goodbye, but the goodbye may be
-        # seen first on another path (shared memory): give the reason a moment to land
-        deadline = time.monotonic() + DEPARTURE_WAIT_S
+        # seen first on another path (shared memory): give the reason a moment to land.
+        # Not under procgroup-run (which sets ENV_DIR): the launcher names the root cause
+        # from every rank's status, and stops the job as soon as one rank fails, so a
+        # wait here would only lose this rank's own error to the launcher's SIGTERM.
+        wait = 0.0 if os.environ.get(ENV_DIR) else DEPARTURE_WAIT_S
+        deadline = time.monotonic() + wait
         while blamed and not any(r in rec.departures for r in blamed) and time.monotonic() < deadline:
             time.sleep(0.01)
         mine = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
