@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from procgroup._launch.supervisor import pid_alive
 
 from .simcluster import SimCluster, remove_cluster, stale_clusters
 from .simcluster import missing as netns_missing
+from .simcluster._cluster import kill_group
 from .simcluster._netns import SetupError
 
 log = logging.getLogger(__name__)
@@ -288,10 +288,10 @@ class SlurmCluster:
     def close(self) -> None:
         """Stop every daemon (and job), remove the namespaces and the temporary directory."""
         for proc in reversed(self._daemons):
-            _stop(proc)
+            kill_group(proc, grace=5.0)
         self._daemons.clear()
         if self._munged is not None:
-            _stop(self._munged)
+            kill_group(self._munged, grace=5.0)
             self._munged = None
         self.sim.close()  # kills whatever still runs in the namespaces (job steps)
         if self.dir is not None:
@@ -317,7 +317,7 @@ class SlurmCluster:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            kill_group(proc, grace=5.0)
             out, err = proc.communicate()
             raise SetupError(
                 f"`{' '.join(map(str, argv))}` did not end within {timeout:.0f} s; "
@@ -371,22 +371,6 @@ def _with_host_cgroups() -> list[str]:
         'exec "$@"'
     )
     return ["sh", "-c", script, "sh"]
-
-
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    """SIGTERM the process group of ``proc`` (its own session), SIGKILL after 5 s."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 __all__ = ["SlurmCluster", "missing"]

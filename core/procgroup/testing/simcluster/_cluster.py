@@ -268,7 +268,7 @@ class SimCluster:
         ready, _, _ = select.select([self._forwarder.stdout], [], [], FORWARDER_START_S)
         line = self._forwarder.stdout.readline() if ready else ""
         if line.strip() != "READY":
-            _kill_group(self._forwarder)
+            kill_group(self._forwarder)
             time.sleep(0.1)  # let the log pump read what it said
             raise SetupError(
                 f"the forwarder did not start: {''.join(self._forwarder_log).strip() or line}"
@@ -277,7 +277,7 @@ class SimCluster:
     def close(self) -> None:
         """Kill what still runs on the hosts, stop the switch, remove every namespace."""
         for r in self._running:
-            _kill_group(r.proc)
+            kill_group(r.proc)
         self._running.clear()
         fwd, self._forwarder = self._forwarder, None
         if fwd is not None:
@@ -286,7 +286,7 @@ class SimCluster:
                     fwd.stdin.close()
                 fwd.wait(timeout=5)
             except (subprocess.TimeoutExpired, OSError):
-                _kill_group(fwd)
+                kill_group(fwd)
         for ns in reversed(self._made):
             _netns.delete(ns)
         self._made.clear()
@@ -404,7 +404,7 @@ class SimCluster:
         finally:
             for r in running:
                 if r.proc.poll() is None:
-                    _kill_group(r.proc)
+                    kill_group(r.proc)
                 if r in self._running:
                     self._running.remove(r)
 
@@ -418,7 +418,7 @@ class SimCluster:
             now = time.monotonic()
             if self._forwarder is not None and self._forwarder.poll() is not None:
                 for r in running:
-                    _kill_group(r.proc)
+                    kill_group(r.proc)
                 raise SetupError(
                     f"the switch (forwarder) died: {self.forwarder_log.strip()}"
                 )
@@ -428,7 +428,7 @@ class SimCluster:
                 for r in running:
                     if r.proc.poll() is None:
                         timed_out.add(r.host.index)
-                        _kill_group(r.proc)
+                        kill_group(r.proc)
                 break
             time.sleep(0.05)
         results = []
@@ -529,11 +529,11 @@ class SimCluster:
         return float(line.split()[1])
 
 
-def _kill_group(proc: subprocess.Popen[Any]) -> None:
-    """SIGTERM the process group of ``proc`` (its own session), SIGKILL after 3 s."""
+def kill_group(proc: subprocess.Popen[Any], grace: float = 3.0) -> None:
+    """SIGTERM the process group of ``proc`` (its own session), SIGKILL after ``grace`` s."""
     if proc.poll() is not None:
         return
-    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
