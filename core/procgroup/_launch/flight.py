@@ -12,7 +12,6 @@ ranks that are gone still count with what they last did. A rank that cannot run 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -29,15 +28,6 @@ logger = logging.getLogger(__name__)
 DUMP_WAIT_S = 3.0
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>.*)$')
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def parse_faulthandler(text: str) -> list[dict[str, Any]]:
@@ -90,7 +80,7 @@ def collect(ranks: list[Rank], directory: str, rank_count: int, local: bool = Tr
     absent: dict[int, str] = {}
     for r in ranks:
         json_path, text_path = rankside.flight_files(directory, str(r.rank))
-        data = _read_json(json_path)
+        data = rankside.read_json(json_path)
         if data is None and r.rank in pending:
             data = _from_faulthandler(r.rank, text_path, asked[r.rank][1])
         if data is not None:

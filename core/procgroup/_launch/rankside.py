@@ -91,7 +91,8 @@ def write_error_file(
     os.replace(tmp, path)
 
 
-def _read_json(path: str) -> dict[str, Any] | None:
+def read_json(path: str) -> dict[str, Any] | None:
+    """A JSON object from ``path``; None when it is missing, torn or not an object."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -107,7 +108,7 @@ def read_error_file(path: str) -> dict[str, Any] | None:
     ..., "timestamp": ...}}}``, written to TORCHELASTIC_ERROR_FILE, the same path) is read
     as well and returned in this module's shape.
     """
-    data = _read_json(path)
+    data = read_json(path)
     if data is None or "traceback" in data:
         return data
     msg = data.get("message")
@@ -140,7 +141,7 @@ def write_status(path: str | None, **fields: Any) -> None:
 
 def read_status(path: str) -> dict[str, Any] | None:
     """The rank's status record: {"pid"} while it runs, {"pid", "exitcode", "time"} at exit."""
-    return _read_json(path)
+    return read_json(path)
 
 
 def exit_code_of(exc: SystemExit) -> int:
