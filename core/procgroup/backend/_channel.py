@@ -452,8 +452,15 @@ class DataChannel(abc.ABC):  # noqa: B024 - send/recv are required in either of 
             if rank in index:
                 child.peer_died(index[rank], exc if exc is not None else self._failure)
         if exc is not None:
-            self.interrupt(exc)
+            self.fail_peer(rank, exc)
         return True
+
+    def fail_peer(self, rank: int, exc: BaseException) -> None:
+        """Hook: channel rank ``rank`` died (``exc`` says how); fail what involves it. The
+        default breaks the whole channel (:meth:`interrupt`); a backend that scopes a
+        failure as ULFM does (tcp) fails only the sends to and receives from that rank,
+        the collectives of groups that hold it and unacknowledged any-source receives."""
+        self.interrupt(exc)
 
     @property
     def control_id(self) -> int:
