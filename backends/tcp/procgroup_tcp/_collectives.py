@@ -8,6 +8,12 @@ reduction. The crossover sizes below were measured with ``bench/socket_threshold
 (docs/performance.md has the tables that chose them); ``PROCGROUP_TCP_RING_MIN_BYTES``,
 ``PROCGROUP_TCP_CHAIN_MIN_BYTES`` and ``PROCGROUP_TCP_SEGMENT_BYTES`` override them.
 Ranks on one host never get here for these ops: the channel runs them in shared memory.
+
+On several hosts with several ranks on some of them (``Topology.two_level``) every
+collective runs in two levels (``procgroup.algorithms.hierarchical``: the ranks of a host
+through the channel's point-to-point, which is shared memory between them, and the
+leaders between hosts with the flat choice below on their view); :class:`TwoLevel` holds
+that choice. One rank per host, or one host, stays flat.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from procgroup.algorithms import pipelined, ring, tree
+from procgroup.algorithms import hierarchical, pipelined, ring, tree
+from procgroup.algorithms.hierarchical import Topology
 from procgroup.backend import DataChannel, env_bytes
 from procgroup.ops import ReduceOp
 
@@ -47,6 +54,15 @@ RING_SEGMENTS_PER_CHUNK = 2
 CHAIN_SEGMENTS_PER_HOP = 2
 #: Scratch kept between calls per channel (larger needs are allocated per call).
 SCRATCH_KEEP_BYTES = 256 << 20
+#: Two levels: all_reduce of at least this many bytes is cut into one slice per local rank
+#: (each local rank leads one between hosts: every core and the link work at once);
+#: smaller ones take one leader per host, since a message's latency, not its bytes,
+#: dominates and one between-host exchange of the whole array costs the fewest rounds.
+SLICED_MIN_BYTES = 512 * 1024
+#: Two levels: a leader moves its part in pieces of this size, so that its host's traffic
+#: for the next piece overlaps the between-host step of this one; large enough that each
+#: between-host step still runs the flat pipelines at their full segment count.
+PIECE_BYTES = 4 << 20
 
 
 def _by_size(table: dict[int, int], size: int) -> int:
@@ -127,8 +143,41 @@ class Plan:
         }
 
 
+class TwoLevel:
+    """The two-level collectives of one channel: ``procgroup.algorithms.hierarchical``
+    with ``plan``'s flat algorithms between hosts, and a scratch buffer of its own for
+    what a leader receives from its host (the flat pipelines use ``plan.scratch`` at the
+    same time)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.piece = env_bytes("PROCGROUP_TCP_PIECE_BYTES", None, minimum=1, hint="a piece needs at least one") or PIECE_BYTES
+        self.scratch = pipelined.Scratch(SCRATCH_KEEP_BYTES)
+
+    def slices(self, topo: Topology, nbytes: int) -> int:
+        return topo.min_per_host if nbytes >= SLICED_MIN_BYTES else 1
+
+    def all_reduce(self, ch: DataChannel, topo: Topology, array: np.ndarray, op: ReduceOp, tag: int) -> None:
+        hierarchical.all_reduce(ch, topo, array, op, tag, self.slices(topo, array.nbytes), self.piece,
+                                self.plan.all_reduce, self.scratch.get)
+
+    def broadcast(self, ch: DataChannel, topo: Topology, array: np.ndarray, src: int, tag: int) -> None:
+        hierarchical.broadcast(ch, topo, array, src, tag, self.piece, self.plan.broadcast)
+
+    def reduce(self, ch: DataChannel, topo: Topology, array: np.ndarray, dst: int, op: ReduceOp, tag: int) -> None:
+        hierarchical.reduce(ch, topo, array, dst, op, tag, self.piece, self.plan.reduce, self.scratch.get)
+
+    def describe(self, topo: Topology) -> dict[str, Any]:
+        """The topology and the two-level settings in force (for logs and docs)."""
+        return {"shape": topo.shape(), "two_level": topo.two_level, "sliced_min_bytes": SLICED_MIN_BYTES,
+                "piece_bytes": self.piece, "slices": topo.min_per_host}
+
+
 __all__ = [
     "BROADCAST_CHAIN_MIN_BYTES",
+    "PIECE_BYTES",
+    "SLICED_MIN_BYTES",
+    "TwoLevel",
     "REDUCE_CHAIN_MIN_BYTES",
     "RING_MIN_BYTES",
     "CHAIN_SEGMENTS_PER_HOP",

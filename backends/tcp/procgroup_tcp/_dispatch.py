@@ -12,6 +12,12 @@ Each dispatcher runs its collective in the shared-memory arena when the channel 
    found too;
 3. :meth:`TcpCollectives._end` takes the tag off the table and raises the mismatch
    found as it ran, or one of an earlier collective of this group (``Ledger.finished``).
+
+Which algorithm runs over the sockets depends on the channel's topology (``_topology``,
+learnt at its first collective): ranks on several hosts with several on some of them
+take the two-level algorithms (``_collectives.TwoLevel``), every other channel the flat
+ones (``_collectives.Plan`` and ``procgroup.algorithms``). Every rank of a channel sees
+the same topology, so all take the same path under the same tag.
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from procgroup.algorithms import direct, ring
+from procgroup.algorithms import direct, hierarchical, ring
+from procgroup.algorithms.hierarchical import Topology
 from procgroup.ops import ReduceOp
 
-from ._collectives import Plan
+from ._collectives import Plan, TwoLevel
 from ._fingerprints import NO_ROOT, Collective, Fingerprints, Ledger
+from ._topology import channel_topology, two_level_wanted
 
 if TYPE_CHECKING:
     from procgroup.backend import ChannelContext
@@ -50,6 +58,18 @@ class TcpCollectives:
         self._fps = ledger.active  # tag -> fingerprint of each running collective
         self._fingerprints = Fingerprints()
         self._plan = Plan()  # which algorithm runs a collective over the sockets
+        self._two = TwoLevel(self._plan)  # the same on several hosts with several ranks on some
+        self._two_level_on = two_level_wanted(self.ctx.options)
+        self._topo: Topology | None = None
+
+    def _two_level(self) -> Topology | None:
+        """The channel's topology when its collectives run in two levels, else None."""
+        if not self._two_level_on:
+            return None
+        topo = self._topo
+        if topo is None:
+            topo = self._topo = channel_topology(self)
+        return topo if topo.two_level else None
 
     if TYPE_CHECKING:
         def next_collective_tag(self) -> int: ...  # DataChannel's
@@ -80,59 +100,95 @@ class TcpCollectives:
         if shm is not None:  # the latency-critical case, dispatched first
             shm.all_reduce(array, op)
             return
+        topo = self._two_level()
         call = self._start("all_reduce", array, reduce_op=op)
-        self._run(call, array, self._plan.all_reduce, self, array, op, call.tag)
+        if topo is not None:
+            self._run(call, array, self._two.all_reduce, self, topo, array, op, call.tag)
+        else:
+            self._run(call, array, self._plan.all_reduce, self, array, op, call.tag)
 
     def do_broadcast(self, array: Any, src: int) -> None:
         if self._shm is not None:
             self._shm.broadcast(array, src)
             return
+        topo = self._two_level()
         call = self._start("broadcast", array, root=src)
-        self._run(call, array, self._plan.broadcast, self, array, src, call.tag)
+        if topo is not None:
+            self._run(call, array, self._two.broadcast, self, topo, array, src, call.tag)
+        else:
+            self._run(call, array, self._plan.broadcast, self, array, src, call.tag)
 
     def do_reduce(self, array: Any, dst: int, op: ReduceOp) -> None:
         if self._shm is not None:
             self._shm.reduce(array, dst, op)
             return
+        topo = self._two_level()
         call = self._start("reduce", array, root=dst, reduce_op=op)
-        self._run(call, array, self._plan.reduce, self, array, dst, op, call.tag)
+        if topo is not None:
+            self._run(call, array, self._two.reduce, self, topo, array, dst, op, call.tag)
+        else:
+            self._run(call, array, self._plan.reduce, self, array, dst, op, call.tag)
 
     def do_all_gather(self, output_list: Sequence[Any], array: Any) -> None:
         if self._shm is not None:
             self._shm.all_gather(list(output_list), array)
             return
+        topo = self._two_level()
         call = self._start("all_gather", array)
-        self._run(call, array, ring.all_gather, self, output_list, array, call.tag)
+        if topo is not None:
+            self._run(call, array, hierarchical.all_gather, self, topo, output_list, array, call.tag)
+        else:
+            self._run(call, array, ring.all_gather, self, output_list, array, call.tag)
 
     def do_gather(self, array: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
         if self._shm is not None:  # the arena compares the ranks' calls; the data goes by p2p
             self._shm.agree("gather", array, dst)
+        topo = self._two_level()
         call = self._start("gather", array, root=dst)
-        self._run(call, array, direct.gather, self, array, gather_list, dst, call.tag)
+        if topo is not None:
+            self._run(call, array, hierarchical.gather, self, topo, array, gather_list, dst, call.tag)
+        else:
+            self._run(call, array, direct.gather, self, array, gather_list, dst, call.tag)
 
     def do_scatter(self, array: Any, scatter_list: Sequence[Any] | None, src: int) -> None:
         if self._shm is not None:
             self._shm.agree("scatter", array, src)
+        topo = self._two_level()
         call = self._start("scatter", array, root=src)
-        self._run(call, array, direct.scatter, self, array, scatter_list, src, call.tag)
+        if topo is not None:
+            self._run(call, array, hierarchical.scatter, self, topo, array, scatter_list, src, call.tag)
+        else:
+            self._run(call, array, direct.scatter, self, array, scatter_list, src, call.tag)
 
     def do_reduce_scatter(self, output: Any, input_list: Sequence[Any], op: ReduceOp) -> None:
         if self._shm is not None:
             self._shm.reduce_scatter(output, list(input_list), op)
             return
+        topo = self._two_level()
         call = self._start("reduce_scatter", output, reduce_op=op)
-        self._run(call, output, ring.reduce_scatter, self, output, input_list, op, call.tag)
+        if topo is not None:
+            self._run(call, output, hierarchical.reduce_scatter, self, topo, output, input_list, op, call.tag)
+        else:
+            self._run(call, output, ring.reduce_scatter, self, output, input_list, op, call.tag)
 
     def do_all_to_all(self, output_list: Sequence[Any], input_list: Sequence[Any]) -> None:
         if self._shm is not None:
             self._shm.all_to_all(list(output_list), list(input_list))
             return
+        topo = self._two_level()
         call = self._start("all_to_all", input_list[0])
-        self._run(call, input_list[0], direct.all_to_all, self, output_list, input_list, call.tag)
+        if topo is not None:
+            self._run(call, input_list[0], hierarchical.all_to_all, self, topo, output_list, input_list, call.tag)
+        else:
+            self._run(call, input_list[0], direct.all_to_all, self, output_list, input_list, call.tag)
 
     def do_barrier(self) -> None:
         if self._shm is not None:
             self._shm.agree("barrier", None)
             return
+        topo = self._two_level()
         call = self._start("barrier", None)
-        self._run(call, None, direct.barrier, self, call.tag)
+        if topo is not None:
+            self._run(call, None, hierarchical.barrier, self, topo, call.tag)
+        else:
+            self._run(call, None, direct.barrier, self, call.tag)
