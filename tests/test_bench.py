@@ -35,7 +35,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """Run the tool once: -n 2 on tcp, two sizes, three ops, every output format."""
     out = tmp_path_factory.mktemp("bench")
     args = ["-np", "2", "--backend", "tcp", "--op", ",".join(OPS_RUN), "--sizes", "1K,64K",
-            "--iters", "3", "--warmup", "1", "--timeout", "60", "--job-timeout", "200",
+            "--iters", "3", "--warmup", "1", "--timeout", "60", "--job-timeout", "200", "--link-rate", "1Gbit",
             "--json", str(out / "r.json"), "--csv", str(out / "r.csv"), "--plot", str(out / "r.png")]
     proc = _bench(args)
     assert proc.returncode == 0, f"procgroup-bench failed:\n{proc.stdout}\n{proc.stderr}"
@@ -47,9 +47,12 @@ def test_table_printed(sweep: dict[str, object]) -> None:
     assert isinstance(proc, subprocess.CompletedProcess)
     text = proc.stdout
     assert "procgroup-bench: 2 ranks" in text
+    # the topology it found (both ranks on this host) and the link column of --link-rate
+    assert "# topology: 1 host x 2 ranks per host (shape 1x2)" in text
+    assert "# link = busbw / the link rate (1 Gbit/s = 0.125 GB/s)" in text
     for op in OPS_RUN:
         assert f"## {op}" in text
-    for header in ("size", "variant", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "ratio"):
+    for header in ("size", "variant", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "ratio", "link"):
         assert header in text
     rows = [line.split() for line in text.splitlines() if line.strip().split()[1:2] == ["KiB"]]
     assert len(rows) == len(OPS_RUN) * len(SIZES)
@@ -67,6 +70,8 @@ def test_json_columns_and_values(sweep: dict[str, object]) -> None:
     assert meta["world_size"] == 2 and meta["variants"] == ["tcp"] and meta["reference"] == "tcp"
     assert meta["launcher"].startswith("procgroup-bench -np 2")
     assert "max over ranks" in meta["timing"] and "median" in meta["timing"]
+    assert meta["topology"]["shape"] == "1x2" and meta["topology"]["placement"] == [[0, 1]]
+    assert meta["link_rate_Bps"] == 125e6
     assert {(r["op"], r["nbytes"]) for r in results} == {(op, s) for op in OPS_RUN for s in SIZES}
     for r in results:
         assert set(r) == set(COLUMNS)
@@ -75,6 +80,7 @@ def test_json_columns_and_values(sweep: dict[str, object]) -> None:
         algbw, busbw = bandwidths(r["op"], r["nbytes"], r["time_us"] / 1e6, 2)
         assert math.isclose(r["algbw_gbps"], algbw, rel_tol=1e-9)
         assert math.isclose(r["busbw_gbps"], busbw, rel_tol=1e-9)
+        assert math.isclose(r["link_fraction"], busbw * 1e9 / 125e6, rel_tol=1e-9)
         assert r["ratio"] == 1.0  # the only variant is its own reference
         assert r["count"] * 4 == r["nbytes"] and r["dtype"] == "float32"
 
@@ -115,6 +121,26 @@ def test_under_procgroup_run_it_does_not_spawn(tmp_path: Path) -> None:
     assert proc.stdout.count("## all_reduce") == 1  # only rank 0 prints the table
 
 
+def test_link_rate_parsing() -> None:
+    """Bits per second as links are quoted (decimal prefixes); bytes with "B/s"."""
+    assert parse_options(["--link-rate", "1Gbit"]).link_rate == 125e6
+    assert parse_options(["--link-rate", "100gbit/s"]).link_rate == 12.5e9
+    assert parse_options(["--link-rate", "12.5GB/s"]).link_rate == 12.5e9
+    assert parse_options([]).link_rate is None
+
+
+def test_topology_shapes() -> None:
+    from procgroup.bench._rank import topology
+    from procgroup.bench._report import describe_topology
+
+    block = topology(["a", "a", "b", "b", "c", "c", "d", "d"])
+    assert block["shape"] == "4x2" and describe_topology(block) == "4 hosts x 2 ranks per host"
+    rr = topology(["a", "b", "a", "b"])
+    assert rr["placement"] == [[0, 2], [1, 3]] and rr["shape"] == "2x2"
+    uneven = topology(["a", "b", "b", "b", "c", "c"])
+    assert uneven["shape"] == "3x(1,3,2)" and describe_topology(uneven) == "3 hosts x (1, 3, 2) ranks"
+
+
 @pytest.mark.parametrize("args, words", [
     (["--op", "allreduce,nope"], "unknown op 'nope'"),
     (["--max-bytes", "12Q"], "bad size '12Q'"),
@@ -123,6 +149,8 @@ def test_under_procgroup_run_it_does_not_spawn(tmp_path: Path) -> None:
     (["--iters", "0"], "--iters must be at least 1"),
     (["--compare", "tensorflow"], "choose torch and/or raw"),
     (["--timeout", "-3"], "--timeout must be positive"),
+    (["--link-rate", "fast"], "--link-rate 'fast': write a rate such as 1Gbit"),
+    (["--link-rate", "0gbit"], "the rate must be positive"),
 ])
 def test_bad_options_are_clear_errors(args: list[str], words: str) -> None:
     with pytest.raises(InvalidArgumentError, match=words):

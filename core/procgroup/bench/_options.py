@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,8 @@ class Options:
     progress: bool = True
     log_level: str = "WARNING"
     log_busbw: bool = False
+    #: --link-rate in bytes per second: bus bandwidth is also shown as a fraction of it
+    link_rate: float | None = None
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -95,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--csv", default=None, metavar="FILE", help="write one row per (op, size, variant)")
     a("--plot", default=None, metavar="FILE", help="plot bandwidth and time vs size (needs matplotlib)")
     a("--log-busbw", action="store_true", help="--plot: bus bandwidth on a log axis (default linear)")
+    a("--link-rate", default=None, metavar="RATE",
+      help="the network link's rate (e.g. 1Gbit, 100gbit, 25Gbit/s, 12.5GB/s): bus bandwidth is also "
+           "shown as a fraction of it (the link column)")
     a("--shared-dir", default=None, metavar="DIR",
       help="directory every rank can reach, for raw-pygloo's FileStore (default: a temporary directory; "
            "multi-host runs need a shared one)")
@@ -139,6 +145,7 @@ def parse_options(argv: list[str]) -> Options:
         raise InvalidArgumentError(f"-c/--check must be 0 or 1, got {ns.check!r}")
     o.check = not ns.no_check and (ns.check is None or ns.check.strip() == "1")
     o.log_busbw = ns.log_busbw
+    o.link_rate = None if ns.link_rate is None else parse_link_rate(ns.link_rate)
     o.json, o.csv, o.plot, o.shared_dir = ns.json, ns.csv, ns.plot, ns.shared_dir
     o.progress = not ns.quiet
     o.log_level = ns.log_level.upper()
@@ -147,6 +154,26 @@ def parse_options(argv: list[str]) -> Options:
     if o.plot and importlib.util.find_spec("matplotlib") is None:
         raise InvalidArgumentError(f"--plot needs matplotlib, which is not installed: {PLOT_HINT}")
     return o
+
+
+_RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(bit|b|bps)?(/s)?\s*", re.IGNORECASE)
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_link_rate(text: str) -> float:
+    """A link rate in bytes per second. Bits by default, as links are sold: ``1Gbit``,
+    ``100gbit/s``, ``25G``, ``1e9``; bytes with a capital B and ``/s``: ``12.5GB/s``.
+    Decimal prefixes (k = 1000), as link rates are quoted."""
+    m = _RATE.fullmatch(text)
+    if m is None:
+        raise InvalidArgumentError(f"--link-rate {text!r}: write a rate such as 1Gbit, 100gbit/s or 12.5GB/s")
+    number, prefix, unit, per_s = m.groups()
+    value = float(number) * _PREFIX[prefix.lower()]
+    in_bytes = unit == "B" and per_s is not None
+    rate = value if in_bytes else value / 8
+    if not rate > 0:
+        raise InvalidArgumentError(f"--link-rate {text!r}: the rate must be positive")
+    return rate
 
 
 def variant_options(name: str) -> tuple[str, dict[str, str]]:

@@ -102,6 +102,30 @@ def _agree(reason: str | None) -> str | None:
     return None
 
 
+def _host_identity() -> str:
+    """The same string on every process of one machine (and one boot)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def topology(identities: list[str]) -> dict[str, Any]:
+    """Hosts and ranks per host, from each rank's host identity (in rank order): hosts are
+    numbered by their lowest rank; ``shape`` reads "4x2" (4 hosts of 2 ranks), or
+    "3x(1,3,2)" where hosts differ."""
+    hosts: dict[str, list[int]] = {}
+    for rank, ident in enumerate(identities):
+        hosts.setdefault(ident, []).append(rank)
+    counts = [len(ranks) for ranks in hosts.values()]
+    uniform = all(c == counts[0] for c in counts)
+    shape = f"{len(counts)}x{counts[0]}" if uniform else f"{len(counts)}x({','.join(map(str, counts))})"
+    return {"hosts": len(counts), "ranks_per_host": counts, "shape": shape,
+            "placement": [ranks for ranks in hosts.values()]}
+
+
 def _master_host() -> str:
     return os.environ.get("MASTER_ADDR") or "127.0.0.1"
 
@@ -139,7 +163,7 @@ def _pg_variant(name: str, control: str, timeout: float) -> Callable[[], Variant
             return ProcGroupVariant(name, None)
         backend, options = variant_options(name)
         return ProcGroupVariant(name, pg.new_group(list(range(pg.get_world_size())), backend=backend, timeout=timeout,
-                                                   options=options or None))
+                                                   pg_options=options or None))
     return connect
 
 
@@ -331,8 +355,9 @@ def _point_records(p: Point, label: str, times: list[float], why: str | None, ra
         arr = arr / 2  # one-way latency = half the round trip
     med = float(np.median(arr))
     algbw, busbw = bandwidths(p.op, p.nbytes, med / 1e6, n)
+    link = busbw * 1e9 / opts.link_rate if opts.link_rate else math.nan
     return [Record(p.op, label, n, p.nbytes, count, opts.dtype, p.iters, p.warmup, med, float(arr.min()),
-                   float(arr.max()), algbw, busbw, math.nan)]
+                   float(arr.max()), algbw, busbw, math.nan, link_fraction=link)]
 
 
 # --------------------------------------------------------------------- outputs
@@ -346,7 +371,7 @@ def _versions(variants: list[Variant]) -> dict[str, str]:
 
 
 def metadata(opts: Options, variants: list[Variant], n: int, control: str, launcher: str,
-             notes: list[str]) -> dict[str, Any]:
+             notes: list[str], topo: dict[str, Any] | None = None) -> dict[str, Any]:
     rounds = opts.rounds or (3 if len(variants) > 1 else 1)
     return {
         "tool": "procgroup-bench",
@@ -358,6 +383,8 @@ def metadata(opts: Options, variants: list[Variant], n: int, control: str, launc
         "command": ["procgroup-bench", *sys.argv[1:]],
         "launcher": os.environ.get(LAUNCHER_ENV) or f"external ({launcher} set)",
         "world_size": n,
+        "topology": topo,
+        "link_rate_Bps": opts.link_rate,
         "dtype": opts.dtype,
         "ops": opts.ops,
         "backends": opts.backends,
@@ -418,6 +445,7 @@ def run_rank(opts: Options, launcher: str) -> int:
     shared = ""
     try:
         notes: list[str] = []
+        topo = topology(_gather(_host_identity()))
         shared = _shared_dir(opts, rank)
         if gpu_sweep(opts):
             _raw_nccl.use_gpu(rank)  # before any variant touches CUDA
@@ -434,7 +462,7 @@ def run_rank(opts: Options, launcher: str) -> int:
         records = run_sweep(opts, variants, rank, n, progress, notes)
         if rank == 0:
             fill_ratios(records, variants[0].label)
-            _write_outputs(opts, records, metadata(opts, variants, n, control, launcher, notes))
+            _write_outputs(opts, records, metadata(opts, variants, n, control, launcher, notes, topo))
         pg.barrier()
         return 0
     finally:

@@ -12,6 +12,15 @@ from typing import Any, TextIO
 from ._sweep import OPS, format_size
 
 
+def describe_topology(topo: dict[str, Any]) -> str:
+    """"4 hosts x 2 ranks per host", "3 hosts x (1, 3, 2) ranks"."""
+    hosts, counts = topo["hosts"], topo["ranks_per_host"]
+    what = f"{hosts} host{'s' if hosts != 1 else ''}"
+    if all(c == counts[0] for c in counts):
+        return f"{what} x {counts[0]} rank{'s' if counts[0] != 1 else ''} per host"
+    return f"{what} x ({', '.join(map(str, counts))}) ranks"
+
+
 @dataclass
 class Record:
     """One measured point. Times in microseconds, bandwidths in GB/s (1e9 B/s)."""
@@ -31,6 +40,8 @@ class Record:
     busbw_gbps: float
     ratio: float  # time_us / time_us of the reference (first) variant at this op and size
     status: str = "ok"  # "ok", or why this point has no numbers
+    #: busbw / the link rate given with --link-rate (NaN without one)
+    link_fraction: float = math.nan
 
     @property
     def place(self) -> str:
@@ -71,13 +82,20 @@ def print_table(records: list[Record], meta: dict[str, Any], out: TextIO) -> Non
               f"variants {', '.join(meta['variants'])} (ratio = time / time of {meta['reference']})\n")
     out.write("# time = median over iterations of the slowest rank's time for that iteration "
               "(pingpong: half of rank 0's round trip)\n")
+    topo = meta.get("topology")
+    if topo:
+        out.write(f"# topology: {describe_topology(topo)} (shape {topo['shape']})\n")
+    rate = meta.get("link_rate_Bps")
+    if rate:
+        out.write(f"# link = busbw / the link rate ({rate * 8 / 1e9:g} Gbit/s = {rate / 1e9:g} GB/s)\n")
     for op in OPS:
         rows = [r for r in records if r.op == op]
         if not rows:
             continue
         out.write(f"\n## {op} (busbw factor {OPS[op].bus_factor(meta['world_size']):.3g})\n")
         out.write(f"{'size':>10}  {'variant':<12} {'place':>5} {'iters':>5} {'time(us)':>11} {'min(us)':>11} "
-                  f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6} {'ratio':>6}\n")
+                  f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6} {'ratio':>6}"
+                  f"{' link' if rate else ''}\n")
         for r in rows:
             if r.status != "ok":
                 out.write(f"{format_size(r.nbytes):>10}  {r.variant:<12} {r.place + '-of':>5} {'':>5} n/a: {r.status}\n")
@@ -85,7 +103,8 @@ def print_table(records: list[Record], meta: dict[str, Any], out: TextIO) -> Non
             wrong = _wrong(r, meta)
             out.write(f"{format_size(r.nbytes):>10}  {r.variant:<12} {r.place:>5} {r.iters:>5} {_num(r.time_us, '11.2f')} "
                       f"{_num(r.min_us, '11.2f')} {_num(r.algbw_gbps, '11.4f')} {_num(r.busbw_gbps, '11.4f')} "
-                      f"{'N/A' if wrong is None else wrong:>6} {_num(r.ratio, '6.2f')}\n")
+                      f"{'N/A' if wrong is None else wrong:>6} {_num(r.ratio, '6.2f')}"
+                      f"{' ' + _num(r.link_fraction, '5.2f') if rate else ''}\n")
         for variant in dict.fromkeys(r.variant for r in rows):
             bws = [r.busbw_gbps for r in rows if r.variant == variant and r.status == "ok"
                    and not math.isnan(r.busbw_gbps)]
@@ -154,7 +173,7 @@ def write_json(path: str, records: Iterable[Record], meta: dict[str, Any]) -> No
 
 
 #: CSV precision: times to 0.01 us, bandwidths to 0.0001 GB/s, ratios to 0.001.
-_ROUND = {"time_us": 2, "min_us": 2, "max_us": 2, "algbw_gbps": 4, "busbw_gbps": 4, "ratio": 3}
+_ROUND = {"time_us": 2, "min_us": 2, "max_us": 2, "algbw_gbps": 4, "busbw_gbps": 4, "ratio": 3, "link_fraction": 4}
 
 
 def _csv_value(key: str, v: Any) -> Any:
