@@ -79,54 +79,56 @@ def check(name, got, want):
     digests.append((name, hashlib.sha256(np.ascontiguousarray(got).tobytes()).hexdigest()))
 
 
-def run_checks(g, members, label):
+def run_checks(g, members, label, full=True):
     m = len(members)
     gr = members.index(me)
     ch = pg.group_channel(g)
     shapes[label] = ch._two_level() is not None
-    for count in (3, 20_000, 300_001):
-        for dtype in ("float32", "float64", "int64"):
-            ins = [data(count, dtype, r) for r in members]
-            ops = [ReduceOp.SUM, ReduceOp.MAX] + ([ReduceOp.AVG] if dtype != "int64" else [ReduceOp.PRODUCT])
-            for op in ops:
-                if op is ReduceOp.PRODUCT and count > 3:
-                    continue
-                a = ins[gr].copy()
-                pg.all_reduce(a, op=op, group=g)
-                stack = np.stack(ins)
-                want = {ReduceOp.SUM: stack.sum(0), ReduceOp.MAX: stack.max(0), ReduceOp.AVG: stack.mean(0),
-                        ReduceOp.PRODUCT: stack.prod(0)}[op].astype(dtype)
-                check(f"{label} all_reduce {op.name} {dtype} x{count}", a, want)
-            tag = f"{label} {dtype} x{count}"
-            for root in sorted({0, m - 1, m // 2}):
-                b = ins[gr].copy()
-                pg.broadcast(b, group_src=root, group=g)
-                check(f"{tag} broadcast from {root}", b, ins[root])
-                r = ins[gr].copy()
-                pg.reduce(r, group_dst=root, op=ReduceOp.SUM, group=g)
-                check(f"{tag} reduce to {root}", r, np.stack(ins).sum(0).astype(dtype) if gr == root else ins[gr])
-            if count > 20_000:
+    # 300_001 float32 are over SLICED_MIN_BYTES (every local rank leads a slice) and
+    # several PROCGROUP_TCP_PIECE_BYTES; the others take one leader per host
+    cases = [(3, "int64"), (20_000, "float32"), (300_001, "float32"), (300_001, "float64"), (300_001, "int64")]
+    for count, dtype in cases if full else cases[:2]:
+        ins = [data(count, dtype, r) for r in members]
+        stack = np.stack(ins)
+        ops = [ReduceOp.SUM, ReduceOp.MAX] + ([ReduceOp.AVG] if dtype != "int64" else [ReduceOp.PRODUCT])
+        for op in ops:
+            if op is ReduceOp.PRODUCT and count > 3:
                 continue
-            outs = [np.empty(count, dtype) for _ in range(m)]
-            pg.all_gather(outs, ins[gr], group=g)
-            check(f"{tag} all_gather", np.concatenate(outs), np.concatenate(ins))
-            root = m - 1
-            glist = [np.empty(count, dtype) for _ in range(m)] if gr == root else None
-            pg.gather(ins[gr], gather_list=glist, group_dst=root, group=g)
-            if gr == root:
-                check(f"{tag} gather", np.concatenate(glist), np.concatenate(ins))
-            slist = [data(count, dtype, 100 + i) for i in range(m)]
-            got = np.empty(count, dtype)
-            pg.scatter(got, scatter_list=slist if gr == 1 % m else None, group_src=1 % m, group=g)
-            check(f"{tag} scatter", got, slist[gr])
-            blocks = {r: [data(count, dtype, r, salt=i) for i in range(m)] for r in members}
-            out = np.empty(count, dtype)
-            pg.reduce_scatter(out, blocks[me], op=ReduceOp.SUM, group=g)
-            check(f"{tag} reduce_scatter", out, np.stack([blocks[r][gr] for r in members]).sum(0).astype(dtype))
-            a2a_out = [np.empty(count, dtype) for _ in range(m)]
-            pg.all_to_all(a2a_out, blocks[me], group=g)
-            check(f"{tag} all_to_all", np.concatenate(a2a_out), np.concatenate([blocks[r][gr] for r in members]))
-            pg.barrier(group=g)
+            a = ins[gr].copy()
+            pg.all_reduce(a, op=op, group=g)
+            want = {ReduceOp.SUM: stack.sum(0), ReduceOp.MAX: stack.max(0), ReduceOp.AVG: stack.mean(0),
+                    ReduceOp.PRODUCT: stack.prod(0)}[op].astype(dtype)
+            check(f"{label} all_reduce {op.name} {dtype} x{count}", a, want)
+        tag = f"{label} {dtype} x{count}"
+        for root in sorted({0, m - 1}):
+            b = ins[gr].copy()
+            pg.broadcast(b, group_src=root, group=g)
+            check(f"{tag} broadcast from {root}", b, ins[root])
+            r = ins[gr].copy()
+            pg.reduce(r, group_dst=root, op=ReduceOp.SUM, group=g)
+            check(f"{tag} reduce to {root}", r, stack.sum(0).astype(dtype) if gr == root else ins[gr])
+        if count > 20_000:
+            continue
+        outs = [np.empty(count, dtype) for _ in range(m)]
+        pg.all_gather(outs, ins[gr], group=g)
+        check(f"{tag} all_gather", np.concatenate(outs), np.concatenate(ins))
+        root = m - 1
+        glist = [np.empty(count, dtype) for _ in range(m)] if gr == root else None
+        pg.gather(ins[gr], gather_list=glist, group_dst=root, group=g)
+        if gr == root:
+            check(f"{tag} gather", np.concatenate(glist), np.concatenate(ins))
+        slist = [data(count, dtype, 100 + i) for i in range(m)]
+        got = np.empty(count, dtype)
+        pg.scatter(got, scatter_list=slist if gr == 1 % m else None, group_src=1 % m, group=g)
+        check(f"{tag} scatter", got, slist[gr])
+        blocks = {r: [data(count, dtype, r, salt=i) for i in range(m)] for r in members}
+        out = np.empty(count, dtype)
+        pg.reduce_scatter(out, blocks[me], op=ReduceOp.SUM, group=g)
+        check(f"{tag} reduce_scatter", out, np.stack([blocks[r][gr] for r in members]).sum(0).astype(dtype))
+        a2a_out = [np.empty(count, dtype) for _ in range(m)]
+        pg.all_to_all(a2a_out, blocks[me], group=g)
+        check(f"{tag} all_to_all", np.concatenate(a2a_out), np.concatenate([blocks[r][gr] for r in members]))
+        pg.barrier(group=g)
 
 
 run_checks(pg.group.WORLD, list(range(n)), "world")
@@ -139,7 +141,7 @@ if me in partial:
 heads = sorted(ranks[0] for ranks in place)
 g2 = pg.new_group(heads)
 if me in heads:
-    run_checks(g2, heads, "heads")
+    run_checks(g2, heads, "heads", full=False)
 everyone = [None] * n
 pg.all_gather_object(everyone, digests)
 same_everywhere = ("all_reduce", "broadcast", "all_gather")  # every member holds the same result
@@ -194,7 +196,7 @@ def test_every_collective_on_placement(cluster: SimCluster, tmp_path: Path, name
     failures = [f for r in found.values() for f in r["failures"]]
     assert failures == [], "\n".join(failures[:20])
     for rank, r in found.items():
-        assert r["checks"] > 100, r
+        assert r["checks"] > 30, r
         # the world and the partial group span several hosts with several ranks on one:
         # two levels; one rank per host stays flat
         assert r["two_level"]["world"] is True, (rank, r)

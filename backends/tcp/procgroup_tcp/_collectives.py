@@ -60,9 +60,10 @@ SCRATCH_KEEP_BYTES = 256 << 20
 #: dominates and one between-host exchange of the whole array costs the fewest rounds.
 SLICED_MIN_BYTES = 512 * 1024
 #: Two levels: a leader moves its part in pieces of this size, so that its host's traffic
-#: for the next piece overlaps the between-host step of this one; large enough that each
-#: between-host step still runs the flat pipelines at their full segment count.
-PIECE_BYTES = 4 << 20
+#: for the next piece overlaps the between-host step of this one. Each piece's
+#: between-host step is a whole flat pipeline that fills and drains, so pieces are large:
+#: the host's traffic is far cheaper than the link's, and a few pieces hide it.
+PIECE_BYTES = 16 << 20
 
 
 def _by_size(table: dict[int, int], size: int) -> int:
