@@ -45,7 +45,7 @@ def run_shape(hosts: int, per: int, args: argparse.Namespace, out: Path) -> Path
                   "--nproc-per-node", str(per), "--master-addr", cluster.hosts[0].address,
                   "--master-port", "29500", "--no-prefix", "--timeout", "600", *bench]
                  for h in cluster.hosts]
-        load = open("/proc/loadavg").read().split()[:3]
+        load = Path("/proc/loadavg").read_text().split()[:3]
         print(f"# {name}: {hosts} hosts x {per} ranks, {args.rate} links, {args.delay} one way; "
               f"load {' '.join(load)}; {time.strftime('%H:%M:%S', time.gmtime())} UTC", flush=True)
         results = cluster.run(argvs, timeout=args.timeout, grace=30)
