@@ -168,11 +168,6 @@ class TwoLevel:
     def reduce(self, ch: DataChannel, topo: Topology, array: np.ndarray, dst: int, op: ReduceOp, tag: int) -> None:
         hierarchical.reduce(ch, topo, array, dst, op, tag, self.piece, self.plan.reduce, self.scratch.get)
 
-    def describe(self, topo: Topology) -> dict[str, Any]:
-        """The topology and the two-level settings in force (for logs and docs)."""
-        return {"shape": topo.shape(), "two_level": topo.two_level, "sliced_min_bytes": SLICED_MIN_BYTES,
-                "piece_bytes": self.piece, "slices": topo.min_per_host}
-
 
 __all__ = [
     "BROADCAST_CHAIN_MIN_BYTES",

@@ -11,6 +11,7 @@ through its rank list. PROCGROUP_TCP_TWO_LEVEL=0 (or the channel option
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,8 @@ from procgroup.algorithms.hierarchical import Topology
 from procgroup.backend import ChannelContext, env_flag
 
 __all__ = ["ENV_TWO_LEVEL", "P2P_HOST_KEY", "channel_topology", "two_level_wanted"]
+
+log = logging.getLogger(__name__)
 
 #: PROCGROUP_TCP_TWO_LEVEL=0 (option ``two_level=False``): flat collectives on any topology.
 ENV_TWO_LEVEL = "PROCGROUP_TCP_TWO_LEVEL"
@@ -50,4 +53,6 @@ def channel_topology(channel: Any) -> Topology:
     else:
         topo = Topology.from_labels(host_labels(channel.ctx)) if channel.size > 1 else Topology(((0,),), (0,))
     channel._topology_cache = topo
+    log.debug("procgroup tcp: group %d spans %s hosts x ranks (%s)", channel.ctx.group_id, topo.shape(),
+              "two levels" if topo.two_level else "flat")
     return topo
