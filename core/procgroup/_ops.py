@@ -18,7 +18,7 @@ from . import _state
 from ._staging import Prepared, copy_back, prepare, prepare_list
 from .backend import MAX_USER_TAG, CompletedWork, DataChannel, MappedWork, Work
 from ._settings import timeout_seconds
-from .errors import CommTimeoutError, InvalidArgumentError, ProcGroupError
+from .errors import CommTimeoutError, InvalidArgumentError, ProcGroupError, UnsupportedOperationError
 from .groups import Group, GroupArg
 from ._torch_args import member_or_none, root_rank, torch_names, world_rank
 from .ops import ReduceOp, check_op_dtype
@@ -405,6 +405,33 @@ def _barrier_within(g: Group, seconds: float) -> None:
         raise error from None
 
 
+def failure_ack(group: GroupArg = None) -> None:
+    """Acknowledge the failures of ``group`` known here now (MPI ULFM's
+    ``MPI_Comm_failure_ack``). An any-source receive (``recv(src=None)``) on a group with
+    a failed member raises PeerError naming it until the failure is acknowledged; after
+    this call it hears the live members again, without a revoke. A death that happens
+    later needs a new acknowledgement. Local: nothing is sent; collectives on a group
+    holding a dead rank still fail (shrink it to go on)."""
+    _acknowledger(group, "failure_ack").failure_ack()
+
+
+def failure_get_acked(group: GroupArg = None) -> list[int]:
+    """The ranks of ``group`` whose failure was acknowledged here with :func:`failure_ack`,
+    in the group's numbering, ascending (MPI ULFM's ``MPI_Comm_failure_get_acked``)."""
+    return list(_acknowledger(group, "failure_get_acked").failure_get_acked())
+
+
+def _acknowledger(group: GroupArg, op: str) -> Any:
+    """The group's channel, when its backend scopes failures (tcp, gloo, nccl)."""
+    channel = _state.group_channel(group, op)
+    if not callable(getattr(channel, "failure_ack", None)):
+        raise UnsupportedOperationError(
+            f"{op}: the {channel.backend_name or 'this'} backend does not scope failures to the operations "
+            f"that involve the dead rank (a death breaks its whole group), so there is nothing to acknowledge; "
+            f"use revoke/agree/shrink, or the tcp or gloo backend")
+    return channel
+
+
 __all__ = [
     "all_gather",
     "all_reduce",
@@ -413,6 +440,8 @@ __all__ = [
     "bind_group",
     "bind_world",
     "broadcast",
+    "failure_ack",
+    "failure_get_acked",
     "gather",
     "irecv",
     "isend",

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from . import arrays
 from .backend import BackendSpec, ChannelContext, DataChannel
-from .errors import BackendNotFoundError, GroupRevokedError, InvalidArgumentError, NotInitializedError
+from .errors import BackendNotFoundError, GroupRevokedError, InvalidArgumentError, NotInitializedError, PeerError
 from .groups import Group, GroupArg, GroupMember
 from .plugins import load_channel_class, side_channel_spec
 
@@ -133,6 +133,12 @@ def host_group(g: Group) -> Group:
         if spec is None and arrays.CPU in devices(g):
             _warn_unauthenticated_objects(g)
             return g
+        dead = g.channel.failed_ranks() if g.channel is not None else ()
+        if dead:  # its set-up would wait for the dead member until the timeout
+            gone = [g.ranks[r] for r in dead]
+            raise PeerError(f"object collectives on this group run on a host side channel made on first use, "
+                            f"and rank(s) {gone} of the group failed: use a group without them",
+                            rank=gone[0], ranks=gone)
         st = world()
         ctx = make_context(st, g.ranks, g.rank, g.group_id, "host", st.timeout)
         g.host_group = Group(g.ranks, g.rank, open_side_channel(ctx), spec or g.spec, g.group_id)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 
 def _matcher(timeout: float = 0.5, refuse: set[int] | None = None) -> Matcher:
-    def check(src: int | None) -> None:
+    def check(src: int | None, tag: int) -> None:
         if refuse and src in refuse:
             raise PeerError(f"rank {src} has left the group", rank=src)
     return Matcher(timeout, lambda r: r + 100, check)

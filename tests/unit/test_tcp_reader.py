@@ -33,7 +33,7 @@ class Events(PeerEvents):
     events are recorded."""
 
     def __init__(self) -> None:
-        self.matcher = Matcher(1.0, lambda r: r, lambda src: None)
+        self.matcher = Matcher(1.0, lambda r: r, lambda src, tag: None)
         self.seen: list[tuple[Any, ...]] = []
 
     def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes, fp: bytes) -> Any:

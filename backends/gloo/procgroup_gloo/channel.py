@@ -36,6 +36,7 @@ from procgroup.backend import (
     DataChannel,
     Work,
     flat_view,
+    fresh,
     late_peers,
     poll,
     setting,
@@ -119,6 +120,7 @@ class GlooChannel(DataChannel):
         self._device = device
         self._engine: _engine.Engine | None = None
         self._scratch = np.empty(0, dtype=np.uint8)  # reduce's output on non-roots, reused
+        self._revoked: GroupRevokedError | None = None  # a revoke, also after a death failed the collectives
         if ctx.size > 1:
             try:
                 if engine is None:  # a group inherits its world's engine, agreed on already
@@ -178,9 +180,11 @@ class GlooChannel(DataChannel):
     # Both forms: the blocking one is the side channel's own blocking call, cheaper than
     # a started one; the started one is the side channel's (native) isend/irecv.
     def _check_open(self) -> None:
-        # p2p stays usable after a gloo failure: only closing (or a revoke) ends it
+        # p2p stays usable after a gloo failure or a death: only closing (or a revoke) ends it
         if self._closed or isinstance(self._failure, GroupRevokedError):
             self.check_usable()
+        if self._revoked is not None:  # revoked after a death had failed the collectives
+            raise fresh(self._revoked)
 
     def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
         self._check_open()
@@ -257,14 +261,20 @@ class GlooChannel(DataChannel):
         return f"; to have the late ranks named, set {_options.ENV_ARRIVAL_CHECK}=always"
 
     def _side_channel_failure(self) -> BaseException | None:
-        """The side channel's record of a peer that dropped without goodbye, if it has one
-        within a short grace (the socket's reset may trail gloo's error)."""
+        """The death of a member of this group that the side channel reported (it fails
+        this channel: ``fail_peer``), if one comes within a short grace (the socket's reset
+        may trail gloo's error); or the side channel's own break."""
         root = self._root
+
+        def known() -> BaseException | None:
+            mine = self._failure
+            return mine if isinstance(mine, PeerError) else root.failure
+
         try:
-            poll(lambda: root.failure is not None, _PEER_NAMING_GRACE, what="naming the failed peer")
+            poll(lambda: known() is not None, _PEER_NAMING_GRACE, what="naming the failed peer")
         except CommTimeoutError:
             pass
-        return root.failure
+        return known()
 
     def _close_gloo(self) -> None:
         engine, self._engine = self._engine, None
@@ -386,10 +396,27 @@ class GlooChannel(DataChannel):
 
     def interrupt(self, exc: BaseException) -> bool:
         """Break the channel and close the gloo connections: a peer blocked in a gloo
-        call (holding its GIL, deaf to notices) fails at once instead of after 30 s."""
+        call (holding its GIL, deaf to notices) fails at once instead of after 30 s.
+
+        A death of a member comes here too (``DataChannel.fail_peer``'s default): a gloo
+        context fails as a whole, so its collectives do; the point-to-point, on the side
+        channel, keeps its own scope (``_check_open``). A group without the dead rank has
+        a context of its own and goes on."""
         first = self.fail(exc)
         self._close_gloo()
+        if isinstance(exc, GroupRevokedError) and self._revoked is None:
+            self._revoked = exc
+            interrupt = getattr(self._p2p, "interrupt", None)
+            if interrupt is not None:  # the group's point-to-point, on the side channel, too
+                interrupt(exc)
         return first
+
+    def failure_ack(self) -> None:
+        """Acknowledge the deaths known now; any-source receives run on the side channel."""
+        self._p2p.failure_ack()  # type: ignore[attr-defined]  # a tcp channel: the registry's side channel
+
+    def failure_get_acked(self) -> list[int]:
+        return list(self._p2p.failure_get_acked())  # type: ignore[attr-defined]  # as above
 
     # ------------------------------------------------------------------ groups
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:

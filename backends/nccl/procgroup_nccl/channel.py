@@ -473,6 +473,19 @@ class NcclChannel(DataChannel):
         return self._launch("recv", buf.device, lambda c, s: c.recv(buf.ptr, buf.nbytes, byte, src, s.ptr),
                             (buf.owner,), result=src)
 
+    # ----------------------------------------------------------------- failure scope
+    # Each group has its own communicator and its own side channel (control plane), so a
+    # death is seen only by the side channels of the groups that hold the dead rank, and
+    # aborts only their communicators (``fail_peer``'s default: ``interrupt``). NCCL aborts
+    # a communicator as a whole: point-to-point between live members of such a group
+    # fails too. NCCL has no any-source receive; the acknowledgement is the side channel's.
+    def failure_ack(self) -> None:
+        if self._side is not None:
+            self._side.failure_ack()  # type: ignore[attr-defined]  # a tcp channel: the registry's side channel
+
+    def failure_get_acked(self) -> list[int]:
+        return [] if self._side is None else list(self._side.failure_get_acked())  # type: ignore[attr-defined]  # as above
+
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
         """A native communicator of its own (its unique id goes through ctx's Store)."""
         return NcclChannel(ctx)

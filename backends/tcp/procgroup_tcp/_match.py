@@ -228,16 +228,18 @@ IDLE = Idle()
 class Matcher:
     """The posted receives and the unexpected queue of one channel, under one lock.
 
-    ``check(src)`` is the channel's say on a new receive: it raises when the channel
-    is broken or closed, or ``src`` has left; it runs under the lock, so a failure
-    reported at the same time either sees the receive or refuses it. ``probe(req)``
+    ``check(src, tag)`` is the channel's say on a new receive: it raises when the
+    channel is closed, ``src`` has left or died, or the group of ``tag`` refuses it
+    (``_scope``); it runs under the lock, so a failure reported at the same time either
+    sees the receive or refuses it. An any-source receive asks before it takes a queued
+    frame too (a group with an unacknowledged failure refuses it, as ULFM does). ``probe(req)``
     is called with a receive from one rank that has waited a while (False: it need
     not be called again). ``progress`` is the transport strategy, :data:`IDLE` until
     the channel calls :meth:`start` at the end of its set-up.
     """
 
     def __init__(self, timeout: float, global_rank: Callable[[int], int],
-                 check: Callable[[int | None], None],
+                 check: Callable[[int | None, int], None],
                  probe: Callable[[PostedRecv], bool] | None = None) -> None:
         self.timeout = timeout
         self.global_rank = global_rank
@@ -282,13 +284,16 @@ class Matcher:
         with self._lock:
             if self.dead and tag in self.dead:
                 raise fresh(self.dead[tag][0])
+            if src is None:
+                self._check(src, tag)
             for i, ux in enumerate(self.unexpected):
                 if ux.tag == tag and (src is None or ux.src == src):
                     del self.unexpected[i]
                     break
             else:
                 # what a departed peer sent before its goodbye is still delivered above
-                self._check(src)
+                if src is not None:
+                    self._check(src, tag)
                 req = PostedRecv(self, view, src, tag, dtype)
                 self.posted.append(req)
                 return req
@@ -391,6 +396,20 @@ class Matcher:
             self.posted = [r for r in self.posted if r.src != src]
         for req in waiting:
             req.finish(src, exc)
+
+    def fail_where(self, test: Callable[[int | None, int], bool], exc: BaseException) -> None:
+        """Fail the posted receives for which ``test(src, tag)`` holds (a death or a revoke
+        of one group: ``_scope``), and the payloads still arriving that it names."""
+        with self._lock:
+            failed = [r for r in self.posted if test(r.src, r.tag)]
+            if not failed and not self.unexpected:
+                return
+            self.posted = [r for r in self.posted if not test(r.src, r.tag)]
+            pending = [u for u in self.unexpected if not u.done.is_set() and test(u.src, u.tag)]
+        for req in failed:
+            req.fail(fresh(exc))
+        for ux in pending:
+            ux.fail(exc)
 
     def fail_all(self, exc: BaseException) -> None:
         """Fail every posted receive and every payload still arriving."""

@@ -7,18 +7,20 @@ on this host), ``_p2p`` (point-to-point in shared memory with each peer on this 
 ``_dispatch`` (the collective dispatchers, shared with TcpSubChannel) and
 ``_collectives`` (which algorithm runs a collective over the sockets, by size and world
 size; the pipelines are ``procgroup.algorithms.pipelined``). It is the Peers'
-:class:`~procgroup_tcp._conn.PeerEvents`, through the two mixins of ``_faults``: frames
-land through the matcher after their fingerprint is compared (ranks that disagree get a
-:class:`~procgroup.errors.MismatchError` on every rank, and the group stays usable), and
-a peer lost without a goodbye breaks the channel
-(:meth:`~procgroup.backend.DataChannel.fail`): every pending and later call raises
-:class:`~procgroup.errors.PeerError` naming that rank. The arena compares the ranks'
-descriptions of each op itself.
+:class:`~procgroup_tcp._conn.PeerEvents`, and hands those events to the two components
+of ``_faults``: frames land through the matcher after their fingerprint is compared
+(``Mismatches``: ranks that disagree get a :class:`~procgroup.errors.MismatchError` on
+every rank, and the group stays usable), and a peer lost without a goodbye fails what
+involves it, as MPI's ULFM scopes a failure (``Deaths`` and ``_scope``): sends to it and
+receives from it, the collectives of every group holding it, and those groups'
+any-source receives until ``failure_ack``; each raises
+:class:`~procgroup.errors.PeerError` naming that rank, and the rest goes on. The arena
+compares the ranks' descriptions of each op itself.
 
 A receive's path, top-down: ``do_recv``/``start_recv`` -> ``Matcher.post`` (a queued
 frame is taken at once) -> ``PostedRecv.wait`` -> the matcher's one ``Progress``
 strategy (``_strategies``): on the sockets ``Engine.drive`` -> ``FrameReader.read_frame``
--> ``match_incoming`` (``_faults``) -> ``Matcher.match_incoming`` -> the payload lands in
+-> ``Mismatches.match_incoming`` (``_faults``) -> ``Matcher.match_incoming`` -> the payload lands in
 the receive; in shared memory ``ShmP2P.wait_until`` drains the rings into the same
 ``match_incoming``. docs/architecture.md draws it.
 
@@ -37,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from procgroup.backend import (
     ChannelContext,
@@ -51,14 +53,15 @@ from procgroup.backend import (
 )
 from procgroup.errors import ChannelClosedError, PeerError
 
-from ._conn import Peer, PeerEvents, connect_mesh, left_error
+from ._conn import Landing, Peer, PeerEvents, connect_mesh, left_error
 from ._dispatch import TcpCollectives
-from ._faults import DeathHandling, MismatchHandling
+from ._faults import Deaths, Mismatches
 from ._fingerprints import Ledger
 from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import Matcher, PostedRecv
 from ._p2p import OutLink, ShmP2P, open_p2p
 from ._progress import TICK_S, Engine, quiet_seconds, spin_seconds
+from ._scope import GroupScope, Scopes
 from ._strategies import SharedMemoryProgress, SocketProgress
 from ._shm import SharedMemoryArena, all_on_one_host, host_identity
 from ._wire import (
@@ -79,7 +82,7 @@ INLINE_SEND_BYTES = 256 * 1024
 DIRECT_RECV_BYTES = 64 * 1024
 
 
-class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, PeerEvents):
+class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
     """The tcp backend's communicator; see the module docstring for the layers."""
 
     backend_name = "tcp"
@@ -88,13 +91,18 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
     def __init__(self, ctx: ChannelContext) -> None:
         super().__init__(ctx)
         self._init_collectives(Ledger())
-        self._ledger.check_end = self._collective_ended
         self._peers: dict[int, Peer] = {}
         self._shm: SharedMemoryArena | None = None
         self._broken_shm: SharedMemoryArena | None = None  # the arena of a broken channel, unused
         self._p2p: ShmP2P | None = None
         self._shm_out: dict[int, OutLink] = {}  # same-host peers whose messages go through shared memory
         self._matcher = Matcher(ctx.timeout, ctx.global_rank, self._may_post, self._probe)
+        self._mismatches = Mismatches(ctx, self._ledger, self._matcher, self._peers)
+        #: every frame's landing is the Mismatches' (bound once: on every frame's path)
+        self.match_incoming = self._mismatches.match_incoming  # type: ignore[method-assign]  # bound once per channel
+        self._scope = GroupScope(ctx.group_id, {r: r for r in range(ctx.size)}, ctx.global_rank)
+        self._deaths = Deaths(self, Scopes(self._scope))
+        self._scopes = self._deaths.scopes
         self._heartbeat: Heartbeat | None = None
         self._engine = Engine()  # who reads the sockets: waiting callers, else reader threads
         self._direct = False
@@ -125,9 +133,9 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
             arena = ctx.options.get("arena")
             if (wanted is None or wanted) and (arena is None or arena) and all_on_one_host(ctx):
                 # None: /dev/shm refused, sockets it is
-                self._shm = SharedMemoryArena.open(ctx, self._check_and_progress, self._has_left, self.fail)
+                self._shm = SharedMemoryArena.open(ctx, self._check_and_progress, self._has_left, self._arena_broken)
             self._p2p = open_p2p(ctx, self._peers, self._matcher, sockets_only, self.check_usable,
-                                 self._has_left, self.match_incoming, self._ring_broken)
+                                 self._has_left, self.match_incoming, self._deaths.ring_broken)
             if self._p2p is None:
                 self._matcher.start(sockets_only)
             else:
@@ -139,18 +147,23 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
                 self._engine.resume(self._peer_list)
             deadline = deadline_seconds(ctx.options)
             if deadline:
-                self._heartbeat = Heartbeat(self._live_peers, deadline, self._silent,
+                self._heartbeat = Heartbeat(self._deaths.live_peers, deadline, self._deaths.silent,
                                             f"procgroup-tcp-heartbeat-g{ctx.group_id}")
         except BaseException:
             self.close()
             raise
 
     # ---------------------------------------------------------------- peers
-    def _peer(self, rank: int) -> Peer:
+    def _peer(self, rank: int, tag: int) -> Peer:
+        """The peer a send with ``tag`` goes to, once nothing refuses it: the channel is open,
+        the peer lives and has not left, its group (``tag``'s) can still send (``_scope``)."""
         self.check_usable()
         peer = self._peers.get(rank)
         if peer is None:
             raise PeerError(f"rank {self.ctx.global_rank(rank)} is not a peer of this channel", rank=rank)
+        refused = self._deaths.refusal(rank, tag)
+        if refused is not None:
+            raise fresh(refused)
         if peer.left:
             raise left_error(peer.global_rank)
         return peer
@@ -161,21 +174,99 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
         return peer is not None and peer.left
 
     def _check_and_progress(self) -> None:
-        """The arena's periodic check while it waits: a rank blocked in a collective still
+        """The arena's periodic check while it waits (every rank is a member of its
+        collectives: any death or a revoke ends them): a rank blocked in a collective still
         takes in what same-host peers send it, so their sends never wait on it forever."""
         self.check_usable()
+        if self._scopes.trouble:
+            refused = self._scope.collective_error()
+            if refused is not None:
+                raise fresh(refused)
         if self._p2p is not None:
             self._p2p.progress()
 
-    def _may_post(self, src: int | None) -> None:
-        """The matcher asks, under its lock, before it posts a receive."""
+    def _may_post(self, src: int | None, tag: int = 0) -> None:
+        """The matcher asks, under its lock, before it posts a receive (and before an
+        any-source receive takes a queued frame); a direct receive asks with the peer's
+        rank alone once that peer is over (its death or leave refuses any tag)."""
         self.check_usable()
+        if self._scopes.trouble:
+            refused = self._deaths.refusal(src, tag)
+            if refused is not None:
+                raise fresh(refused)
         if src is not None and self._peers[src].left:
             raise left_error(self._peers[src].global_rank)
 
+    def _probe(self, req: PostedRecv) -> bool:
+        return self._mismatches.probe(req)
+
+    def _retire_arena(self) -> None:
+        """The world's collectives cannot run any more (a death, a revoke): later ones take
+        the socket path, whose first check raises; the arena stays mapped until close."""
+        if self._shm is not None:
+            self._broken_shm, self._shm = self._shm, None
+
+    def _arena_broken(self, exc: BaseException) -> None:
+        """An arena op failed: after a death, the arena retires (the death already fails
+        the world's collectives, naming the dead); else (the ranks disagreed, or timed
+        out) the world group is given up as a revoke gives it up. The other groups on this
+        transport go on either way."""
+        if self._scope.dead:
+            self._retire_arena()
+        else:
+            self._deaths.revoke_group(self._scope, exc)
+
     # ---------------------------------------------------------------- PeerEvents
-    # match_incoming, the probes and the mismatch notices are MismatchHandling's,
-    # peer_left/peer_failed/peer_lost_notice and the channel's break DeathHandling's (``_faults``).
+    # Frames and mismatch notices go to the Mismatches, deaths and goodbyes to the Deaths
+    # (``_faults``); match_incoming is rebound to the Mismatches' at set-up.
+    def match_incoming(self, src: int, tag: int, nbytes: int, dtype_char: bytes, fp: bytes) -> Landing:
+        return self._mismatches.match_incoming(src, tag, nbytes, dtype_char, fp)
+
+    def mismatch_notice(self, peer: Peer, tag: int, notice: bytes) -> None:
+        self._mismatches.mismatch_notice(peer, tag, notice)
+
+    def fingerprint_probe(self, peer: Peer, tag: int, fp: bytes) -> None:
+        self._mismatches.fingerprint_probe(peer, tag, fp)
+
+    def peer_left(self, peer: Peer) -> None:
+        self._deaths.peer_left(peer)
+
+    def peer_failed(self, peer: Peer, exc: PeerError) -> None:
+        self._deaths.peer_failed(peer, exc)
+
+    def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
+        self._deaths.peer_lost_notice(peer, lost, reason)
+
+    def known_failure(self) -> BaseException | None:
+        return self._failure
+
+    # ---------------------------------------------------------------- failure scope (ULFM)
+    def fail_peer(self, rank: int, exc: BaseException) -> None:
+        """A death fails what involves that rank only (``_faults.Deaths.fail_peer``)."""
+        self._deaths.fail_peer(rank, exc)
+
+    def interrupt(self, exc: BaseException) -> bool:
+        """A revoke of this group: its pending and later ops fail; groups riding on this
+        transport go on (ULFM revokes one communicator)."""
+        first = self._scope.revoked is None
+        self._deaths.revoke_group(self._scope, exc)
+        return first
+
+    def next_collective_tag(self) -> int:
+        """A collective of a group holding a dead rank (or revoked) fails at entry."""
+        if self._scopes.trouble:
+            refused = self._scope.collective_error()
+            if refused is not None:
+                raise fresh(refused)
+        return super().next_collective_tag()
+
+    def failure_ack(self) -> None:
+        """Acknowledge the deaths known now: any-source receives hear the live ranks again."""
+        self._scope.ack()
+
+    def failure_get_acked(self) -> list[int]:
+        """The acknowledged dead, in this channel's numbering."""
+        return self._scope.acked_ranks()
 
     # ---------------------------------------------------------------- surviving a death
     def do_control_send(self, dst: int, payload: bytes) -> None:
@@ -192,8 +283,8 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
     # over their socket; a receive is posted in the one matcher either way.
     def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
         peer = self._peers.get(dst)
-        if peer is None or peer.state.left or self._failure is not None or self._closed:
-            peer = self._peer(dst)  # raises the error that fits
+        if peer is None or peer.state.left or self._failure is not None or self._closed or self._scopes.trouble:
+            peer = self._peer(dst, tag)  # raises the error that fits
         try:
             view = memoryview(array).cast("B")  # byte_view, inline: on every message's path
         except (TypeError, ValueError):
@@ -208,7 +299,7 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
         peer.send(view, tag, code, self._fps.get(tag, NO_FP))
 
     def start_send(self, array: Any, dst: int, tag: int = 0) -> Work:
-        peer = self._peer(dst)
+        peer = self._peer(dst, tag)
         link = self._shm_out.get(dst)
         if link is not None:
             return self._p2p.isend(link, byte_view(array), tag, dtype_code(array.dtype), self._fps.get(tag, NO_FP))  # type: ignore[union-attr]  # a link exists only with p2p
@@ -226,7 +317,7 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
         posted or queued before it could claim lands straight in ``array`` (no matching);
         otherwise it is posted and this thread reads until it lands."""
         peer = self._peers.get(src) if self._direct and src is not None else None
-        if peer is None or peer.state.left or self._failure is not None or self._closed:
+        if peer is None or peer.state.left or self._failure is not None or self._closed or self._scopes.trouble:
             work = self.start_recv(array, src, tag)
             work.wait()
             return int(work.result())
@@ -248,7 +339,7 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
                 finally:
                     reader.driven_at = _now()
                     gate.release()
-        req = self._matcher.post(view, src, tag, array.dtype, self._fps.get(tag), self._mismatched)
+        req = self._matcher.post(view, src, tag, array.dtype, self._fps.get(tag), self._mismatches.mismatched)
         if req.__class__ is not PostedRecv:  # served from the unexpected queue
             return int(req.result())
         if not req.completed and not self._matcher.settle(req, self.timeout):
@@ -263,15 +354,15 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
             raise PeerError(f"rank {self.ctx.global_rank(src)} is not a peer of this channel", rank=src)
         p2p = self._p2p
         if p2p is None:
-            return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatched)
+            return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatches.mismatched)
         try:
-            return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatched)
+            return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatches.mismatched)
         except PeerError:
             if src is None or src not in self._shm_out or not self._peers[src].left:
                 raise
         # the peer left: what it wrote before its goodbye may still sit in its ring
         p2p.drain_from(src)
-        return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatched)
+        return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatches.mismatched)
 
     # ---------------------------------------------------------------- collectives
     # The nine dispatchers are TcpCollectives' (``_dispatch``), shared with TcpSubChannel:
@@ -287,7 +378,7 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
         """Say goodbye to every peer, fail what is pending, unmap the arena."""
         if self._heartbeat is not None:
             self._heartbeat.stop()
-        self._tell_deaths()
+        self._deaths.tell_deaths()
         for peer in self._peers.values():
             peer.close()
         self._engine.stop()
@@ -306,17 +397,57 @@ class TcpChannel(TcpCollectives, MismatchHandling, DeathHandling, DataChannel, P
 class TcpSubChannel(TcpCollectives, SubChannel):
     """A group on its parent's sockets; its collectives (the same dispatchers as the
     root's, never in the arena) register their fingerprints in the root channel's
-    ledger, which the root's receive path compares."""
+    ledger, which the root's receive path compares. Its failure scope (``_scope``) is
+    registered with the root, whose receive path asks it: a death of a member fails the
+    group's collectives and unacknowledged any-source receives, a death outside it
+    nothing here; a revoke of it fails its traffic only."""
 
     def __init__(self, parent: DataChannel, ranks: Sequence[int], ctx: ChannelContext) -> None:
         super().__init__(parent, ranks, ctx)
         self._init_collectives(parent._ledger)  # type: ignore[attr-defined]  # a TcpChannel or TcpSubChannel
+        self._root: TcpChannel
+        self._root_ranks: tuple[int, ...]
+        if isinstance(parent, TcpSubChannel):
+            self._root = parent._root
+            self._root_ranks = tuple(parent._root_ranks[r] for r in ranks)
+        else:  # new_group of the two classes here only
+            self._root, self._root_ranks = cast("TcpChannel", parent), tuple(ranks)
+        self._scope = GroupScope(ctx.group_id, {r: i for i, r in enumerate(self._root_ranks)}, ctx.global_rank)
+        self._scopes = self._root._scopes
+        self._scopes.add(self._scope)
 
     def new_group(self, ranks: Sequence[int], ctx: ChannelContext) -> DataChannel:
         return TcpSubChannel(self, ranks, ctx)
 
+    # ---------------------------------------------------------------- failure scope (ULFM)
+    def fail_peer(self, rank: int, exc: BaseException) -> None:
+        """A member died: the root fails what involves it, in every group holding it (a
+        death this group's agreement decided reaches the root this way)."""
+        self._root.peer_died(self._root_ranks[rank], exc)
+
+    def interrupt(self, exc: BaseException) -> bool:
+        """A revoke of this group: its own pending and later ops fail, nothing else."""
+        first = self.fail(exc)
+        self._root._deaths.revoke_group(self._scope, exc)
+        return first
+
+    def next_collective_tag(self) -> int:
+        if self._scopes.trouble:
+            refused = self._scope.collective_error()
+            if refused is not None:
+                raise fresh(refused)
+        return super().next_collective_tag()
+
+    def failure_ack(self) -> None:
+        self._scope.ack()
+
+    def failure_get_acked(self) -> list[int]:
+        return self._scope.acked_ranks()
+
     def do_close(self) -> None:
+        self._scopes.remove(self._scope.gid)
         self._plan.scratch.release()
+        super().do_close()
 
 
 __all__ = ["DIRECT_RECV_BYTES", "INLINE_SEND_BYTES", "TcpChannel", "TcpSubChannel"]

@@ -1,0 +1,177 @@
+"""Failure scope as MPI's ULFM defines it (issue 29): a death is reported only by the
+operations that involve the dead rank, and any-source receives work again after
+``failure_ack``.
+
+One job per transport (tcp over sockets, tcp in shared memory on one host, gloo on each
+engine installed here), 4 ranks; rank 3 dies, and the survivors check inside that one
+job: the world's collectives and those of a group holding it fail naming it on every
+member; a group split off beforehand without it (the reporting group of the ULFM
+tutorial's revoke exercise) keeps reducing, also after the world is revoked; object
+collectives on it work; point-to-point between live ranks works; sends to and receives
+from the dead rank fail; an any-source receive fails until the failure is acknowledged,
+then hears the live ranks (a master collecting its workers' results), and
+``failure_get_acked`` lists the dead rank. The op timeout (600 s) is far beyond the
+job's, so a survivor that waited for it instead of hearing of the death fails the job.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import procgroup as pg
+import pytest
+from _installed import gloo_engine_env
+from procgroup.testing import spawn
+
+VICTIM = 3
+SIZE = 4
+REPORT = [0, 1, 2]  # split off before the death, without the victim
+HOLDER = [1, 2, 3]  # holds the victim
+
+
+def _raises_naming_victim(call: object, *args: object, **kwargs: object) -> None:
+    """``call`` raises PeerError naming the victim (world rank)."""
+    with pytest.raises(pg.PeerError) as info:
+        call(*args, **kwargs)  # type: ignore[operator]
+    assert VICTIM in info.value.ranks, (info.value, info.value.ranks)
+
+
+def _world_collectives_fail() -> None:
+    """The world holds the victim: its collectives fail here, naming it. The first may
+    still complete on a rank that had every contribution before the death."""
+    with pytest.raises(pg.PeerError) as info:
+        for _ in range(2):
+            y = np.ones(8)
+            pg.all_reduce(y)
+    assert VICTIM in info.value.ranks, (info.value, info.value.ranks)
+    _raises_naming_victim(pg.broadcast, np.ones(3), src=0)  # known at entry now
+    _raises_naming_victim(pg.all_gather_object, [None] * SIZE, "x")
+    assert pg.failed_ranks() == (VICTIM,)
+
+
+def _report_group_works(report: pg.Group, rank: int) -> None:
+    """A group without the victim: collectives and object collectives are exact."""
+    x = np.full(1000, float(rank + 1))
+    pg.all_reduce(x, group=report)
+    assert np.all(x == 6.0), x[:3]
+    r = np.full(5, float(rank))
+    pg.reduce(r, dst=0, group=report)
+    if rank == 0:
+        assert np.all(r == 3.0), r
+    b = np.full(4, float(rank))
+    pg.broadcast(b, src=2, group=report)
+    assert np.all(b == 2.0)
+    gathered: list[object] = [None] * 3
+    pg.all_gather_object(gathered, {"rank": rank}, group=report)
+    assert gathered == [{"rank": 0}, {"rank": 1}, {"rank": 2}]
+    pg.barrier(group=report)
+
+
+def _live_point_to_point(rank: int) -> None:
+    """A ring among the live world ranks, and both directions with the dead one failing."""
+    live = REPORT
+    nxt, prv = live[(live.index(rank) + 1) % 3], live[(live.index(rank) - 1) % 3]
+    got = np.empty(6)
+    work = pg.isend(np.full(6, float(rank)), nxt, tag=3)
+    assert pg.recv(got, src=prv, tag=3) == prv
+    work.wait()
+    assert np.all(got == prv)
+    _raises_naming_victim(pg.send, np.ones(2), dst=VICTIM)
+    _raises_naming_victim(pg.recv, np.ones(2), src=VICTIM)
+
+
+def _any_source_needs_ack(report: pg.Group, rank: int) -> None:
+    """Before the ack an any-source receive fails naming the victim; after it rank 0
+    collects one result from each live worker."""
+    assert pg.failure_get_acked() == []
+    _raises_naming_victim(pg.recv, np.empty(2), tag=4)
+    pg.failure_ack()
+    assert pg.failure_get_acked() == [VICTIM]
+    if rank == 0:
+        senders = set()
+        for _ in range(2):
+            result = np.empty(2)
+            sender = pg.recv(result, tag=5)
+            assert np.all(result == sender * 10.0), (sender, result)
+            senders.add(sender)
+        assert senders == {1, 2}
+    else:
+        pg.send(np.full(2, rank * 10.0), dst=0, tag=5)
+    pg.barrier(group=report)
+
+
+def _holder_group(holder: pg.Group, rank: int) -> None:
+    """A group holding the victim: collectives fail on each member, naming it; its
+    any-source receives fail until acknowledged on that group, then hear the members."""
+    if rank not in HOLDER:
+        return
+    _raises_naming_victim(pg.all_reduce, np.ones(4), group=holder)
+    _raises_naming_victim(pg.recv, np.empty(1), group=holder, tag=6)
+    assert pg.failure_get_acked(group=holder) == []
+    pg.failure_ack(group=holder)
+    assert pg.failure_get_acked(group=holder) == [HOLDER.index(VICTIM)]
+    if rank == 1:
+        got = np.empty(1)
+        assert pg.recv(got, group=holder, tag=7) == 2
+        assert got[0] == 22.0
+    else:
+        pg.send(np.full(1, 22.0), dst=1, group=holder, tag=7)
+    _raises_naming_victim(pg.all_reduce, np.ones(4), group=holder)  # the ack does not heal collectives
+
+
+def _revoke_the_world_report_on_the_side(report: pg.Group, rank: int) -> None:
+    """The ULFM tutorial's revoke exercise: rank 0 revokes the world; every survivor's
+    world ops then fail with GroupRevokedError, and the reporting group still reduces."""
+    if rank == 0:
+        pg.revoke()
+    deadline = time.monotonic() + 60
+    peer = REPORT[(REPORT.index(rank) + 1) % 3]
+    while True:  # the revoke travels on the control plane: it arrives soon, not at once
+        try:
+            pg.send(np.ones(1), dst=peer, tag=8)
+        except pg.GroupRevokedError:
+            break
+        assert time.monotonic() < deadline, "the revoke never arrived"
+        time.sleep(0.01)
+    total = np.full(3, float(rank + 1))
+    pg.reduce(total, dst=0, group=report)
+    if rank == 0:
+        assert np.all(total == 6.0), total
+    pg.barrier(group=report)
+
+
+def scope_of_a_death(rank: int, size: int) -> object:
+    report = pg.new_group(REPORT)
+    holder = pg.new_group(HOLDER)
+    x = np.ones(4)
+    pg.all_reduce(x)
+    assert x[0] == size
+    if rank == VICTIM:
+        time.sleep(0.3)  # what it sent last has left the host
+        os._exit(3)
+    _world_collectives_fail()
+    _report_group_works(report, rank)
+    _live_point_to_point(rank)
+    _holder_group(holder, rank)
+    _any_source_needs_ack(report, rank)
+    _revoke_the_world_report_on_the_side(report, rank)
+    return rank
+
+
+TRANSPORTS = {
+    "tcp-sockets": ("tcp", {"PROCGROUP_TCP_SHM": "0"}),
+    "tcp-shm": ("tcp", {"PROCGROUP_TCP_SHM": "1"}),
+    "gloo-pygloo": ("gloo", None),
+    "gloo-torch": ("gloo", None),
+}
+
+
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+def test_a_death_fails_only_what_involves_the_dead_rank(transport: str) -> None:
+    backend, env = TRANSPORTS[transport]
+    if env is None:
+        env = gloo_engine_env(transport.split("-")[1])
+    results = spawn(scope_of_a_death, SIZE, backend, env=env, expect_dead=[VICTIM], timeout=600, job_timeout=180)
+    assert results[:VICTIM] == [0, 1, 2]
