@@ -4,8 +4,8 @@ One 3-host cluster (unlimited links, 50 us one way) serves every placement: a jo
 placement runs every collective at several sizes and dtypes, on the world and on
 sub-groups that span hosts partially, compares each result with NumPy's, and checks
 that every rank got the same bits (a digest of each result, gathered). The placements
-cover 2x2, 2x3, 3x2 round-robin (rank r on host r mod 3) and an uneven one (1, 3 and 2
-ranks, mixed). Small pieces (PROCGROUP_TCP_PIECE_BYTES) make the pipelined paths run
+cover 2x2, 2x3, 3x2 (in blocks, and round-robin: rank r on host r mod 3) and an uneven
+one (1, 3 and 2 ranks, mixed). Small pieces (PROCGROUP_TCP_PIECE_BYTES) make the pipelined paths run
 with arrays of a few MB.
 """
 
@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from procgroup.algorithms.hierarchical import Topology
 from procgroup.testing.simcluster import SimCluster, leftovers, missing
 
-pytestmark = [
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(missing() is not None, reason=f"simulated cluster: {missing()}"),
-]
+pytestmark = pytest.mark.timeout(300)
+needs_cluster = pytest.mark.skipif(missing() is not None, reason=f"simulated cluster: {missing()}")
 
 HOSTS = 3
 
@@ -32,6 +31,7 @@ HOSTS = 3
 PLACEMENTS: dict[str, list[list[int]]] = {
     "2x2": [[0, 1], [2, 3]],
     "2x3": [[0, 1, 2], [3, 4, 5]],
+    "3x2": [[0, 1], [2, 3], [4, 5]],
     "3x2-round-robin": [[0, 3], [1, 4], [2, 5]],
     "uneven-1-3-2": [[4], [0, 2, 5], [1, 3]],
 }
@@ -189,6 +189,21 @@ def _run_job(cluster: SimCluster, tmp: Path, place: list[list[int]]) -> dict[int
     return found
 
 
+def test_topology_from_host_labels() -> None:
+    """Hosts numbered by their lowest rank; leaders are the root on its host, else the
+    first rank; a subset keeps its members' hosts; two levels only where they pay."""
+    topo = Topology.from_labels(["b", "a", "b", "c", "a", "b"])
+    assert topo.hosts == ((0, 2, 5), (1, 4), (3,))
+    assert topo.host_of == (0, 1, 0, 2, 1, 0)
+    assert topo.two_level and topo.min_per_host == 1 and topo.shape() == "3x(3,2,1)"
+    assert topo.leaders() == [0, 1, 3] and topo.leaders(root=4) == [0, 4, 3]
+    sub = topo.subset([1, 2, 3])  # group ranks 0, 1, 2 are world ranks 1, 2, 3: one per host
+    assert sub.hosts == ((0,), (1,), (2,)) and not sub.two_level
+    assert not Topology.from_labels(["x", "x", "x"]).two_level  # one host: the arena's or flat
+    assert Topology.from_labels(["x", "y", "x", "y"]).shape() == "2x2"
+
+
+@needs_cluster
 @pytest.mark.parametrize("name", list(PLACEMENTS))
 def test_every_collective_on_placement(cluster: SimCluster, tmp_path: Path, name: str) -> None:
     place = PLACEMENTS[name]
