@@ -52,11 +52,30 @@ def agree(flag: bool, group: GroupArg = None, timeout: Timeout = None) -> bool:
     if not isinstance(flag, (bool, int, np.bool_)):
         raise InvalidArgumentError(f"agree: flag must be a bool, got {type(flag).__name__}")
     channel = _state.group_channel(group, "agree")
-    return channel.agree(bool(flag), _timeout(timeout)).value
+    return channel.agree(bool(flag), _timeout(timeout, channel)).value
 
 
-def _timeout(timeout: Timeout) -> float:
-    return _state.world().timeout if timeout is None else timeout_seconds(timeout)
+def _timeout(timeout: Timeout, channel: DataChannel) -> float:
+    """The call's timeout, else the group's own (new_group(timeout=...)), in seconds."""
+    return channel.timeout if timeout is None else timeout_seconds(timeout)
+
+
+def _check_quorum(g: Group, members: list[int], suspected: frozenset[int]) -> None:
+    """A shrink that drops a rank that only went silent (a cut link looks the same as a
+    hung host) goes on only on a majority of the group: more than half of its members,
+    or exactly half holding its rank 0. Both sides of a partition decide alike, so at
+    most one side goes on; the other fails here on every member."""
+    if not suspected:
+        return
+    n, live = g.size, len(members)
+    if 2 * live > n or (2 * live == n and 0 in members):
+        return
+    silent = sorted(g.global_rank(r) for r in suspected)
+    raise PeerError(
+        f"shrink: rank(s) {silent} went silent (a cut link or a hung host, maybe alive) and the "
+        f"{live} member(s) left on this side are not a majority of the group's {n} (more than half, or "
+        f"exactly half holding its rank 0): this side of a partition must not go on as the group; "
+        f"stop here (docs/fault-tolerance.md, 'Cut links')", rank=silent[0], ranks=silent)
 
 
 class _WatchedStore(PrefixStore):
@@ -124,12 +143,14 @@ def shrink(group: GroupArg = None, timeout: Timeout = None) -> Group:
     then on get_rank(), get_world_size() and every op without ``group=`` use the new
     numbering, and handles of the old groups raise GroupRevokedError naming the dead.
     Works whichever rank died (rank 0 included), after further deaths, and when a
-    member dies during the call (the survivors agree again and retry).
+    member dies during the call (the survivors agree again and retry). When a dropped
+    rank only went silent (a cut link, a hung host), only a majority of the group goes
+    on: the other side raises PeerError saying so.
     """
     st = _state.world()
     g = _state.member(group, "shrink")
     old = _state.group_channel(group, "shrink")
-    secs = _timeout(timeout)
+    secs = _timeout(timeout, old)
     deadline = time.monotonic() + secs
     host = _StoreHost(st)
     attempt = 0
@@ -139,6 +160,7 @@ def shrink(group: GroupArg = None, timeout: Timeout = None) -> Group:
             attempt += 1
             decision = old.agree(True, _left(deadline, secs), host.offer)
             members = [r for r in range(g.size) if r not in decision.dead]
+            _check_quorum(g, members, decision.suspected)
             built: tuple[DataChannel, Store] | None = None
             try:
                 built = _build(st, g, old, members, decision.extra.decode(), _left(deadline, secs))
@@ -193,7 +215,7 @@ def _build(st: _state.State, g: Group, old: DataChannel, members: list[int], ext
         ctx = ChannelContext(
             rank=new_rank, size=len(members),
             store=_WatchedStore(f"shrink/{attempt}/pg/{label}{g.group_id}", store, abort),
-            timeout=st.timeout, master_addr=st.master_addr, global_ranks=global_ranks,
+            timeout=old.timeout, master_addr=st.master_addr, global_ranks=global_ranks,
             group_id=g.group_id, options=dict(st.options), open_side_channel=_state.open_side_channel,
             job_key=st.job_key, abort=abort,
         )

@@ -1,10 +1,14 @@
 """Heartbeats: a rank that stops (SIGSTOP, a hung host) counts as dead after a deadline.
 
 A process that exits is seen at once (its sockets close); a frozen one keeps its
-sockets open and says nothing. One thread per channel sends a header-only frame to
-every peer each ``deadline / 5`` (at most each second) and checks when each peer was
-last heard from (any frame counts, data or heartbeat; a payload still arriving counts
-as heard). A peer silent for longer than the deadline is reported dead.
+sockets open and says nothing, and so does a host whose link went down (its processes
+alive, unreachable). One thread per channel sends a header-only frame to every peer
+each ``deadline / 5`` (at most each second) and watches when each peer was last heard
+from (any frame counts, data or heartbeat; a payload still arriving counts as heard),
+waking when the quietest peer's deadline falls due. A peer silent for longer than the
+deadline is reported dead; the channel reports it as *suspected* first
+(``DataChannel.peer_suspected``), since it may be alive behind a cut link: a shrink that
+drops it then needs a majority (docs/fault-tolerance.md, "Cut links").
 
 Why a thread and never the op path: a rank that is only slow (a long computation
 between two ops) still sends its heartbeats, so it never counts as dead. The thread
@@ -34,6 +38,11 @@ log = logging.getLogger(__name__)
 
 ENV_HEARTBEAT = "PROCGROUP_HEARTBEAT_TIMEOUT"
 DEFAULT_DEADLINE_S = 10.0
+#: Woken this long after a peer's deadline falls due (its last frame may land meanwhile).
+_SLACK_S = 0.005
+#: The thread never wakes more often than this (a peer heard a moment ago sets no alarm
+#: sooner than its own deadline anyway; this bounds a busy clock's cost).
+_MIN_SLEEP_S = 0.01
 
 
 def deadline_seconds(options: Mapping[str, Any] | None) -> float:
@@ -61,23 +70,41 @@ class Heartbeat:
         self._stop.set()
 
     def _run(self) -> None:
-        last = time.monotonic()
-        judge_from = last + self.deadline / 2
-        while not self._stop.wait(self.interval):
+        """Send every ``interval``; between sends, wake when the quietest peer's deadline
+        falls due, so a silent peer is reported within a few ms of its deadline, not up to
+        one interval later (cut links: detection within the deadline + 100 ms)."""
+        now = time.monotonic()
+        judge_from = now + self.deadline / 2
+        next_send = now
+        wake = now
+        while True:
+            delay = max(wake - time.monotonic(), 0.0)
+            if self._stop.wait(delay):
+                return
             now = time.monotonic()
-            if now - last > self.deadline / 2:  # this process was paused: others are not to blame
+            if now - wake > self.deadline / 2:  # this process was paused: others are not to blame
                 judge_from = now + self.deadline
-            last = now
-            for peer in list(self._peers()):
-                peer.send_heartbeat()
-                if now < judge_from or peer.reader.receiving:
+            peers = list(self._peers())
+            if now >= next_send:
+                next_send = now + self.interval
+                for peer in peers:
+                    peer.send_heartbeat()
+            due = next_send
+            for peer in peers:
+                if peer.reader.receiving:
                     continue
-                silent = now - peer.reader.last_heard
-                if silent > self.deadline:
-                    try:
-                        self._on_silent(peer, silent)
-                    except Exception:
-                        log.warning("reporting a silent peer failed", exc_info=True)
+                expires = peer.reader.last_heard + self.deadline
+                if now >= judge_from and now > expires:
+                    self._report(peer, now - peer.reader.last_heard)
+                    continue
+                due = min(due, max(expires, judge_from) + _SLACK_S)
+            wake = max(due, now + _MIN_SLEEP_S)
+
+    def _report(self, peer: Peer, silent: float) -> None:
+        try:
+            self._on_silent(peer, silent)
+        except Exception:
+            log.warning("reporting a silent peer failed", exc_info=True)
 
 
 __all__ = ["DEFAULT_DEADLINE_S", "ENV_HEARTBEAT", "Heartbeat", "deadline_seconds"]

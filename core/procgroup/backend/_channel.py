@@ -30,14 +30,13 @@ import abc
 import concurrent.futures
 import copy
 import itertools
-import json
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping, Sequence
 
 from ..algorithms import direct, ring, tree
-from ..errors import ChannelClosedError, PeerError, UnsupportedOperationError
+from ..errors import ChannelClosedError, UnsupportedOperationError
 from ..ops import ReduceOp
 from . import _debug, _recorder, _uniform
 from ._context import (
@@ -49,7 +48,8 @@ from ._context import (
     POINT_TO_POINT,
     ChannelContext,
 )
-from ._survival import Decision, Survival, parse
+from ._control import ControlPlane
+from ._survival import Decision, Survival
 from ._work import FutureWork, MappedWork, OrderedExecutor, Work
 
 if TYPE_CHECKING:
@@ -108,7 +108,6 @@ class DataChannel(abc.ABC):  # noqa: B024 - send/recv are required in either of 
     #: Why this backend cannot shrink, when it cannot although it has a control plane
     #: (docs/plugins.md, "Surviving a death"); "" when it can.
     shrink_unsupported: str = ""
-    _survival: Survival | None = None
     #: PROCGROUP_UNIFORM_FAILURE: every collective ends with the survivors' agreement
     #: (procgroup.backend._uniform); the core then runs collectives through run_uniform
     uniform_failure: bool = False
@@ -163,14 +162,13 @@ class DataChannel(abc.ABC):  # noqa: B024 - send/recv are required in either of 
         self._closed = False
         self._failure: BaseException | None = None
         self._state_lock = threading.Lock()
+        #: the control plane: deaths, revoke, the agreement, routing (procgroup.backend._control)
+        self.control = ControlPlane(self)
         self._agreement = _debug.for_channel(self)
         if _uniform.wanted(ctx.options):
             if not self.survives:
                 raise _uniform.refusal(self)
             self.uniform_failure = True
-        #: channels riding on this one's control plane (sub-groups, gloo over its side
-        #: channel), by control id, with this channel's rank -> theirs
-        self._children: dict[int, tuple[DataChannel, dict[int, int]]] = {}
         #: the flight recorder's view of this channel (procgroup.backend._recorder); every
         #: op a caller starts passes once through blocking() or start(), which record it
         self._flight_info = _recorder.register(self)
@@ -207,7 +205,7 @@ class DataChannel(abc.ABC):  # noqa: B024 - send/recv are required in either of 
     def run_uniform(self, op: str, *args: Any) -> None:
         """Run collective ``op`` so that it fails on every survivor or on none
         (``uniform_failure``; procgroup.backend._uniform)."""
-        _uniform.run(self, op, args)
+        self.control.run_uniform(op, args)
 
     def start(self, op: str, *args: Any) -> Work:
         """Start ``op`` and return its Work without waiting for it."""
@@ -355,8 +353,7 @@ class DataChannel(abc.ABC):  # noqa: B024 - send/recv are required in either of 
             if self._closed:
                 return
             self._closed = True
-        if self._survival is not None:
-            self._survival.stop()  # what this rank owes the others goes out first
+        self.control.close()  # what this rank owes the others goes out first
         self._say_why_leaving()
         try:
             self.do_close()
@@ -372,28 +369,17 @@ class DataChannel(abc.ABC):  # noqa: B024 - send/recv are required in either of 
         """Release sockets/communicators; pending calls must fail, not hang."""
 
     def _say_why_leaving(self) -> None:
-        """A rank that leaves because something failed tells each live member why, on the
-        control plane before its goodbye: an error its departure causes there then names
-        the first failure, not this departure (procgroup.backend._recorder)."""
-        if not self.survives or self.size < 2 or isinstance(self, SubChannel) or self.ctx.group_id != 0:
-            return
-        reason = _recorder.departure_reason(self)
-        if reason is None:
-            return
-        payload = json.dumps({"g": self.control_id, "left": reason[:2000]}).encode()
-        dead = set(self.failed_ranks())
-        for peer in range(self.size):
-            if peer == self.rank or peer in dead:
-                continue
-            try:
-                self.do_control_send(peer, payload)
-            except Exception:  # best effort: a peer already gone needs no reason
-                log.debug("could not tell rank %d why this rank leaves", peer, exc_info=True)
+        """A rank that leaves because something failed tells each live member why
+        (ControlPlane.say_why_leaving); the world's channels only, not a sub-group's."""
+        if not isinstance(self, SubChannel):
+            self.control.say_why_leaving()
 
     # ------------------------------------------------------------ surviving a death
     # A backend that implements do_control_send, calls control_received for what
-    # arrives and peer_died for each death it sees gets revoke, agree and shrink
-    # (procgroup.backend._survival; docs/fault-tolerance.md, docs/plugins.md).
+    # arrives and peer_died for each death it sees gets revoke, agree and shrink. The
+    # mechanism is the channel's ControlPlane (``self.control``, procgroup.backend._control);
+    # the methods below are the contract and delegate to it (docs/fault-tolerance.md,
+    # docs/plugins.md).
     def do_control_send(self, dst: int, payload: bytes) -> None:
         """Hook: send a small control message to ``dst``; it must still go out after the
         channel failed or was revoked, as long as ``dst`` lives. Best effort."""
@@ -408,59 +394,39 @@ class DataChannel(abc.ABC):  # noqa: B024 - send/recv are required in either of 
         """True when this channel has a control plane (revoke, agree and shrink work)."""
         return type(self).do_control_send is not DataChannel.do_control_send
 
+    @property
+    def _survival(self) -> Survival | None:
+        """The agreement's state if it was started (kept for backends that read it)."""
+        return self.control.started
+
+    @property
+    def _children(self) -> dict[int, tuple[DataChannel, dict[int, int]]]:
+        """The channels this one carries directly, by control id (kept for backends that
+        read it; ``release_control`` is the way to stop carrying one)."""
+        return self.control.children
+
     def survival(self) -> Survival:
         """This channel's fault-tolerance state (created on first use)."""
         if not self.survives:
             self.do_control_send(0, b"")  # raises the clear error
-        with self._state_lock:
-            if self._survival is None:
-                self._survival = Survival(self)
-            return self._survival
+        return self.control.survival
 
     def control_received(self, src: int, payload: bytes) -> None:
         """Called by the backend (any thread) with a control message from ``src``; raises
         PeerError when it is malformed (the backend then closes that connection)."""
-        msg = parse(payload)
-        if msg is None:  # the transport closes that connection, as for any malformed frame
-            who = self.ctx.global_rank(src)
-            raise PeerError(f"rank {who} sent a malformed control message: the stream is corrupt or not "
-                            f"procgroup's; closing the connection to it", rank=who)
-        gid = msg["g"]
-        left = msg.get("left")
-        if isinstance(left, str):  # a member says why it leaves (_say_why_leaving)
-            _recorder.departed(self.ctx.global_rank(src), left)
-            return
-        if gid == self.control_id:
-            self.survival().received(src, msg)
-            return
-        found = self._children.get(gid)
-        if found is not None and src in found[1]:
-            found[0].control_received(found[1][src], payload)
+        self.control.received(src, payload)
 
     def peer_died(self, rank: int, exc: BaseException | None = None) -> bool:
         """Called by the backend when it knows channel rank ``rank`` is dead: record it,
-        tell the sub-groups holding it, then break the channel with ``exc`` (pending calls
-        fail). The sub-groups first: a call of a sub-group that rides on this channel wakes
-        when this channel breaks, and must then find the death in the sub-group's
-        ``failed_ranks``. True the first time this rank is reported."""
-        if self.survives and not self.survival().died(rank):
-            return False
-        failure = self._failure
-        if isinstance(failure, PeerError) and self._survival is not None:  # world ranks, as .rank
-            failure.ranks = tuple(self.ctx.global_rank(r) for r in sorted(self._survival.dead))
-        for child, index in list(self._children.values()):
-            if rank in index:
-                child.peer_died(index[rank], exc if exc is not None else self._failure)
-        if exc is not None:
-            self.fail_peer(rank, exc)
-        return True
+        tell the channels carried by this one that hold it, then break the channel with
+        ``exc`` (pending calls fail). True the first time this rank is reported."""
+        return self.control.died(rank, exc)
 
-    def fail_peer(self, rank: int, exc: BaseException) -> None:
-        """Hook: channel rank ``rank`` died (``exc`` says how); fail what involves it. The
-        default breaks the whole channel (:meth:`interrupt`); a backend that scopes a
-        failure as ULFM does (tcp) fails only the sends to and receives from that rank,
-        the collectives of groups that hold it and unacknowledged any-source receives."""
-        self.interrupt(exc)
+    def peer_suspected(self, rank: int) -> None:
+        """Called by the backend just before it reports ``rank`` dead because the rank went
+        silent (a heartbeat deadline), not because its connection closed: it may be alive
+        behind a cut link, so a shrink that drops it needs a quorum (docs/fault-tolerance.md)."""
+        self.control.suspect(rank)
 
     @property
     def control_id(self) -> int:
@@ -469,20 +435,29 @@ class DataChannel(abc.ABC):  # noqa: B024 - send/recv are required in either of 
 
     def carry_control(self, child: DataChannel, index: dict[int, int]) -> None:
         """Route ``child``'s control messages and deaths through this channel (``index``:
-        this channel's rank -> the child's); a channel riding on this one calls it."""
-        self._children[child.control_id] = (child, index)
+        this channel's rank -> the child's); a channel riding on this one calls it. Its
+        close stops the routing."""
+        self.control.carry(child, index)
+
+    def release_control(self, child: DataChannel) -> None:
+        """Stop routing ``child``'s control messages (``close`` does it for every channel)."""
+        self.control.release(child)
 
     def interrupt(self, exc: BaseException) -> bool:
         """Hook: break the channel with ``exc`` and wake every pending call. The base
         breaks it only; a backend whose pending calls would not notice overrides it."""
         return self.fail(exc)
 
+    def fail_peer(self, rank: int, exc: BaseException) -> None:
+        """Hook: channel rank ``rank`` died; fail what involves it. The default breaks the
+        whole channel (``interrupt``); a backend that can scope a failure as MPI's ULFM
+        does (tcp: the dead peer's sends and receives, the collectives of groups holding
+        it, unacknowledged any-source receives) overrides it."""
+        self.interrupt(exc)
+
     def failed_ranks(self) -> tuple[int, ...]:
         """The channel ranks known dead (from the control plane, else from the failure)."""
-        if self._survival is not None:
-            return tuple(sorted(self._survival.dead))
-        failure = self._failure
-        return tuple(getattr(failure, "ranks", ()) or ()) if failure is not None else ()
+        return self.control.failed_ranks()
 
     def revoke(self) -> None:
         """Fail every pending and later call of every live member (collective in effect,
@@ -546,7 +521,7 @@ class SubChannel(DataChannel):
         return type(root)(ctx)
 
     def do_close(self) -> None:
-        self._parent._children.pop(self.control_id, None)
+        """Nothing of its own to release: the transport is the parent's."""
 
     def _tag(self, tag: int) -> int:
         return tag if tag >= MAX_USER_TAG else self._user_tag_base + tag

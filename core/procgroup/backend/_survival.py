@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 MAX_CONTROL_BYTES = 64 * 1024
 #: Calls whose records are kept, to answer a member still finishing one of them.
 _KEEP = 16
+#: A member waiting for a decision sends its contribution again after this many seconds
+#: (the coordinator takes a repeated one as the same), and a coordinator that took over
+#: asks again whoever has not answered.
+_RESEND_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class Decision:
     value: bool
     dead: frozenset[int]
     extra: bytes = b""
+    #: the dead that were only suspected (silent past a heartbeat deadline, maybe alive
+    #: behind a cut link): a shrink that drops one of them needs a quorum
+    suspected: frozenset[int] = frozenset()
 
 
 class Survival:
@@ -61,6 +68,9 @@ class Survival:
         self.gid = channel.control_id
         self.cond = threading.Condition()
         self.dead: set[int] = set()
+        #: ranks counted dead because they went silent, not because a connection closed
+        self.suspected: set[int] = set()
+        self._their_suspects: dict[int, set[int]] = {}
         self.revoked = False
         self._instance = 0
         self._decided: dict[int, Decision] = {}
@@ -68,6 +78,7 @@ class Survival:
         self._contribs: dict[int, dict[int, tuple[bool, frozenset[int]]]] = {}
         self._following: dict[int, int] = {}
         self._queried: set[int] = set()
+        self._asked_at: dict[int, float] = {}
         self._announced: set[int] = set()
         self._outbox: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
@@ -135,9 +146,11 @@ class Survival:
                     return
                 if kind == "contrib":
                     flag, dead = msg.get("f"), self._ranks(msg.get("d"))
-                    if not isinstance(flag, bool) or dead is None:
+                    suspects = self._ranks(msg.get("s", []))
+                    if not isinstance(flag, bool) or dead is None or suspects is None:
                         return
                     self._contribs.setdefault(i, {})[src] = (flag, dead)
+                    self._their_suspects.setdefault(i, set()).update(suspects)
                     if i in self._decided:
                         self._post_decision(src, i)
                 elif kind == "query":
@@ -145,16 +158,17 @@ class Survival:
                         self._post_decision(src, i)
                     elif i in self._mine and self._coordinator() == src:
                         self._following[i] = src
-                        self._post(src, t="contrib", i=i, f=self._mine[i], d=sorted(self.dead))
+                        self._post_contrib(src, i)
                 else:
                     value, dead, extra = msg.get("v"), self._ranks(msg.get("d")), msg.get("x", "")
-                    if not isinstance(value, bool) or dead is None or not isinstance(extra, str):
+                    suspects = self._ranks(msg.get("s", []))
+                    if not isinstance(value, bool) or dead is None or not isinstance(extra, str) or suspects is None:
                         return
                     try:
                         raw = bytes.fromhex(extra)
                     except ValueError:
                         return
-                    self._decided.setdefault(i, Decision(value, dead, raw))
+                    self._decided.setdefault(i, Decision(value, dead, raw, suspects & dead))
                 self.cond.notify_all()
                 return
             else:
@@ -170,7 +184,18 @@ class Survival:
 
     def _post_decision(self, dst: int, i: int) -> None:
         d = self._decided[i]
-        self._post(dst, t="decide", i=i, v=d.value, d=sorted(d.dead), x=d.extra.hex())
+        if d.suspected:
+            self._post(dst, t="decide", i=i, v=d.value, d=sorted(d.dead), x=d.extra.hex(), s=sorted(d.suspected))
+        else:
+            self._post(dst, t="decide", i=i, v=d.value, d=sorted(d.dead), x=d.extra.hex())
+
+    def _post_contrib(self, dst: int, i: int) -> None:
+        """Under the lock: this member's contribution to call ``i`` (its suspicions only
+        when it has some: the common message stays as small as before)."""
+        if self.suspected:
+            self._post(dst, t="contrib", i=i, f=self._mine[i], d=sorted(self.dead), s=sorted(self.suspected))
+        else:
+            self._post(dst, t="contrib", i=i, f=self._mine[i], d=sorted(self.dead))
 
     # ------------------------------------------------------------ deaths and revoke
     def died(self, rank: int) -> bool:
@@ -181,6 +206,13 @@ class Survival:
             self.dead.add(rank)
             self.cond.notify_all()
         return True
+
+    def suspect(self, rank: int) -> None:
+        """``rank`` went silent past a heartbeat deadline: its death, reported next, may be
+        a cut link rather than an exit."""
+        with self.cond:
+            if 0 <= rank < self.size and rank != self.rank:
+                self.suspected.add(rank)
 
     def revoke(self, by: int | None = None) -> None:
         """Fail every pending and later op here, and tell every live member (once)."""
@@ -205,13 +237,18 @@ class Survival:
             self._instance += 1
             i = self._instance
             self._mine[i] = bool(flag)
+            sent_at = 0.0
             while i not in self._decided:
                 coord = self._coordinator()
+                now = time.monotonic()
                 if coord == self.rank:
                     self._coordinate(i, extra)
-                elif self._following.get(i) != coord:
+                elif self._following.get(i) != coord or now - sent_at > _RESEND_S:
+                    # sent again after a while: a message to a group's member that has
+                    # not created the group yet is kept for it, but never lost silently
                     self._following[i] = coord
-                    self._post(coord, t="contrib", i=i, f=bool(flag), d=sorted(self.dead))
+                    sent_at = now
+                    self._post_contrib(coord, i)
                 if i in self._decided:
                     break
                 left = deadline - time.monotonic()
@@ -237,24 +274,32 @@ class Survival:
     def _forget(self, below: int) -> None:
         """Drop the records of old calls (a loop that agrees each step must not grow). A
         live member is never more than one call behind: a call cannot finish without it."""
-        for table in (self._decided, self._mine, self._contribs, self._following):
+        for table in (self._decided, self._mine, self._contribs, self._following, self._their_suspects):
             for old in [k for k in table if k < below]:
                 del table[old]
         self._queried = {k for k in self._queried if k >= below}
+        self._asked_at = {k: v for k, v in self._asked_at.items() if k >= below}
         self._announced = {k for k in self._announced if k >= below}
 
     def _coordinate(self, i: int, extra: Callable[[], bytes] | None) -> None:
         """Under the lock: ask once, then decide once every live member has answered."""
         others = self._live_others()
+        got = self._contribs.get(i, {})
+        now = time.monotonic()
+        if self.rank != 0 and i in self._queried and now - self._asked_at.get(i, now) > _RESEND_S:
+            self._queried.discard(i)  # ask again whoever has not answered
+            others_to_ask = [r for r in others if r not in got]
+        else:
+            others_to_ask = others
         if i not in self._queried:
             self._queried.add(i)
+            self._asked_at[i] = now
             # a coordinator that took over asks first (an earlier one may have decided);
             # rank 0 never takes over from anyone, and every member sends it its
             # contribution unasked, so it skips the question (half the messages)
             if self.rank != 0:
-                for r in others:
+                for r in others_to_ask:
                     self._post(r, t="query", i=i)
-        got = self._contribs.get(i, {})
         if any(r not in got for r in others):
             return
         value = self._mine[i] and all(got[r][0] for r in others)
@@ -262,7 +307,9 @@ class Survival:
         for r in others:
             dead |= got[r][1]
         raw = extra() if extra is not None else b""
-        self._decided[i] = Decision(value, frozenset(dead - {self.rank}), raw)
+        final = frozenset(dead - {self.rank})
+        suspects = (set(self.suspected) | self._their_suspects.get(i, set())) & final
+        self._decided[i] = Decision(value, final, raw, frozenset(suspects))
         self._announced.add(i)
         for r in others:
             self._post_decision(r, i)

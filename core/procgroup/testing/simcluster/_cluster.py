@@ -294,6 +294,36 @@ class SimCluster:
             if (_netns.NETNS_ETC / h.netns).exists():
                 _netns.delete(h.netns)
 
+    # ----------------------------------------------------------------- faults
+    def cut_link(self, index: int) -> None:
+        """Take host ``index``'s link down (``ip link set eth0 down`` in its namespace):
+        its processes stay alive but reach nobody and nobody reaches them, as when a
+        host's cable or switch port fails. :meth:`restore_link` brings it back."""
+        host = self._host(index)
+        _netns.run("ip", "-n", host.netns, "link", "set", IFNAME, "down")
+        log.info("simcluster %s: link of %s cut", self.tag, host.hostname)
+
+    def restore_link(self, index: int) -> None:
+        """Bring host ``index``'s link up again, with its address, route and neighbours."""
+        host = self._host(index)
+        batch = [
+            f"link set {IFNAME} up",
+            *(
+                f"neigh replace {o.address} lladdr {o.mac} dev {IFNAME} nud permanent"
+                for o in self.hosts
+                if o is not host
+            ),
+        ]
+        _netns.run("ip", "-n", host.netns, "-batch", "-", stdin="\n".join(batch) + "\n")
+        log.info("simcluster %s: link of %s restored", self.tag, host.hostname)
+
+    def _host(self, index: int) -> Host:
+        if not 0 <= index < len(self.hosts):
+            raise ValueError(f"host {index}: this cluster has hosts 0..{len(self.hosts) - 1}")
+        if self.hosts[index].netns not in self._made:
+            raise SetupError("the cluster is not started (use it as a context manager, or call start())")
+        return self.hosts[index]
+
     @property
     def forwarder_pid(self) -> int | None:
         """The switch's process id while it runs (None before start and after close)."""
