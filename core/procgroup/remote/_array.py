@@ -238,66 +238,65 @@ class RemoteArray(AbstractArray, NDArrayOperatorsMixin):
         return _view_func(np.reshape, self, (shape,), {"order": order} if order != "C" else {})
 
     def transpose(self, *axes: Any) -> RemoteArray:
-        if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
-            axes = axes[0]
-        return _view_func(np.transpose, self, (), {"axes": tuple(axes)} if axes else {})
+        order: Any = axes[0] if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))) else axes
+        return _view_func(np.transpose, self, (), {"axes": tuple(order)} if order else {})
 
     def ravel(self) -> RemoteArray:
-        return np.ravel(self)
+        return _dispatch(np.ravel, self)
 
     def flatten(self) -> RemoteArray:
         return _method(self, "flatten", (), {}, (self.size,), self.dtype)
 
     def squeeze(self, axis: Any = None) -> RemoteArray:
-        return np.squeeze(self, axis=axis)
+        return _dispatch(np.squeeze, self, axis=axis)
 
     def swapaxes(self, a: int, b: int) -> RemoteArray:
-        return np.swapaxes(self, a, b)
+        return _dispatch(np.swapaxes, self, a, b)
 
     def dot(self, b: Any) -> RemoteArray:
-        return np.dot(self, b)
+        return _dispatch(np.dot, self, b)
 
     def clip(self, min: Any = None, max: Any = None) -> RemoteArray:
-        return np.clip(self, min, max)
+        return _dispatch(np.clip, self, min, max)
 
     def round(self, decimals: int = 0) -> RemoteArray:
-        return np.round(self, decimals)
+        return _dispatch(np.round, self, decimals)
 
     def sum(self, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> RemoteArray:
-        return np.sum(self, axis=axis, dtype=dtype, keepdims=keepdims)
+        return _dispatch(np.sum, self, axis=axis, dtype=dtype, keepdims=keepdims)
 
     def prod(self, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> RemoteArray:
-        return np.prod(self, axis=axis, dtype=dtype, keepdims=keepdims)
+        return _dispatch(np.prod, self, axis=axis, dtype=dtype, keepdims=keepdims)
 
     def mean(self, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> RemoteArray:
-        return np.mean(self, axis=axis, dtype=dtype, keepdims=keepdims)
+        return _dispatch(np.mean, self, axis=axis, dtype=dtype, keepdims=keepdims)
 
     def std(self, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False) -> RemoteArray:
-        return np.std(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
+        return _dispatch(np.std, self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
 
     def var(self, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False) -> RemoteArray:
-        return np.var(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
+        return _dispatch(np.var, self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
 
     def max(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
-        return np.max(self, axis=axis, keepdims=keepdims)
+        return _dispatch(np.max, self, axis=axis, keepdims=keepdims)
 
     def min(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
-        return np.min(self, axis=axis, keepdims=keepdims)
+        return _dispatch(np.min, self, axis=axis, keepdims=keepdims)
 
     def any(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
-        return np.any(self, axis=axis, keepdims=keepdims)
+        return _dispatch(np.any, self, axis=axis, keepdims=keepdims)
 
     def all(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
-        return np.all(self, axis=axis, keepdims=keepdims)
+        return _dispatch(np.all, self, axis=axis, keepdims=keepdims)
 
     def argmax(self, axis: Any = None) -> RemoteArray:
-        return np.argmax(self, axis=axis)
+        return _dispatch(np.argmax, self, axis=axis)
 
     def argmin(self, axis: Any = None) -> RemoteArray:
-        return np.argmin(self, axis=axis)
+        return _dispatch(np.argmin, self, axis=axis)
 
     def cumsum(self, axis: Any = None, dtype: Any = None) -> RemoteArray:
-        return np.cumsum(self, axis=axis, dtype=dtype)
+        return _dispatch(np.cumsum, self, axis=axis, dtype=dtype)
 
     # ------------------------------------------------------------ moving
     def to(self, node: int | None = None, device: int | None = None) -> RemoteArray:
@@ -468,6 +467,13 @@ def _func(name: str, operands: Sequence[Any], fargs: tuple[Any, ...], fkwargs: d
     return out
 
 
+def _dispatch(func: Callable[..., Any], *args: Any, **kwargs: Any) -> RemoteArray:
+    """NumPy function ``func`` called on a RemoteArray: NumPy hands the call to
+    RemoteArray.__array_function__, so the result is one (NumPy's stubs cannot say so)."""
+    result: RemoteArray = func(*args, **kwargs)
+    return result
+
+
 def _view_func(func: Any, x: RemoteArray, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RemoteArray:
     shape, dtype = _meta.on_ghosts(func, (x,) + tuple(args), kwargs)
     return _func(func.__name__, [x], (x,) + tuple(args), kwargs, shape, dtype)
@@ -533,8 +539,10 @@ def _view_handler(func: Any) -> Callable[..., Any]:
     return handler
 
 
-for _f in (np.reshape, np.transpose, np.squeeze, np.expand_dims, np.swapaxes, np.moveaxis, np.broadcast_to,
-           np.flip, np.atleast_1d, np.atleast_2d, np.atleast_3d):
+_VIEWS: tuple[Callable[..., Any], ...] = (
+    np.reshape, np.transpose, np.squeeze, np.expand_dims, np.swapaxes, np.moveaxis, np.broadcast_to,
+    np.flip, np.atleast_1d, np.atleast_2d, np.atleast_3d)
+for _f in _VIEWS:
     FUNCTIONS[_f] = _view_handler(_f)
 
 

@@ -16,6 +16,7 @@ The method, cheap and exact:
 
 from __future__ import annotations
 
+import importlib
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -24,9 +25,16 @@ from typing import Any
 import numpy as np
 
 try:
-    from numpy.lib.array_utils import normalize_axis_tuple
-except ImportError:  # NumPy < 2
-    from numpy.core.numeric import normalize_axis_tuple  # type: ignore[no-redef, attr-defined]  # NumPy 1's path of it
+    _axis_utils: Any = importlib.import_module("numpy.lib.array_utils")
+except ImportError:  # NumPy < 2 keeps it in numpy.core.numeric
+    _axis_utils = importlib.import_module("numpy.core.numeric")
+
+
+def normalize_axis_tuple(axis: Any, ndim: int) -> tuple[int, ...]:
+    """``axis`` (an int or a sequence of ints) as non-negative axes of ``ndim`` dimensions,
+    with NumPy's own errors (NumPy's function; its stubs differ between NumPy releases)."""
+    return tuple(int(a) for a in _axis_utils.normalize_axis_tuple(axis, ndim))
+
 
 _as_strided = np.lib.stride_tricks.as_strided
 _MAX_BYTES = np.iinfo(np.intp).max

@@ -35,7 +35,7 @@ class PrefixStore(Store):
         self._closed = False
 
     @property
-    def timeout(self) -> float:  # type: ignore[override]  # a property here: it follows the wrapped store
+    def timeout(self) -> float:  # a property here: it follows the wrapped store
         """Default wait; follows the wrapped store until set here."""
         return self.store.timeout if self._timeout is None else self._timeout
 

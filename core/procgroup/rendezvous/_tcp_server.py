@@ -77,7 +77,7 @@ class _Waiter:
 def _listen(host: str | None, port: int) -> tuple[socket.socket, str | None]:
     """A listening socket on ``host``'s address when it is one of this machine's
     (loopback stays loopback), else on every interface; returns (socket, bound address)."""
-    candidates: list[tuple[int, str]] = []
+    candidates: list[tuple[socket.AddressFamily, str]] = []
     if host:
         literal = True
         try:
@@ -96,9 +96,9 @@ def _listen(host: str | None, port: int) -> tuple[socket.socket, str | None]:
                 continue
             if (family, ip) not in candidates:
                 candidates.append((family, ip))
-    for family, ip in candidates:
+    for address_family, ip in candidates:
         try:
-            sock = socket.create_server((ip, port), family=family, backlog=1024)
+            sock = socket.create_server((ip, port), family=address_family, backlog=1024)
         except OSError as exc:
             if exc.errno == errno.EADDRNOTAVAIL:
                 continue  # not an address of this machine

@@ -172,6 +172,11 @@ def mpiexec_command() -> list[str]:
     return [exe]
 
 
+def _text(output: bytes | str | None) -> str:
+    """A TimeoutExpired's captured output as text (bytes there even with text=True)."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
 def _spawn_mpiexec(job: JobSpec, tmp: str, job_timeout: float, expect_dead: Sequence[int]) -> list[Any]:
     with open(os.path.join(tmp, "job.pkl"), "wb") as f:
         pickle.dump((job, sys.path), f)
@@ -180,7 +185,7 @@ def _spawn_mpiexec(job: JobSpec, tmp: str, job_timeout: float, expect_dead: Sequ
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=job_timeout,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
-        raise WorkerError(f"mpiexec job timed out after {job_timeout}s:\n{exc.stdout}\n{exc.stderr}") from None
+        raise WorkerError(f"mpiexec job timed out after {job_timeout}s:\n{_text(exc.stdout)}\n{_text(exc.stderr)}") from None
     results: dict[int, tuple[bool, Any]] = {}
     for r in range(job.world_size):
         path = os.path.join(tmp, f"result-{r}.pkl")

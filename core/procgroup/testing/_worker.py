@@ -22,6 +22,7 @@ def main(tmp: str) -> None:
     from procgroup.testing._spawn import run_rank
 
     rank = _rank_from_env()
+    result: tuple[bool, bytes | str]  # the pickled return value, or the traceback
     try:
         result = (True, pickle.dumps(run_rank(job, rank)))
     except BaseException:  # noqa: BLE001 - reported to the test

@@ -67,8 +67,8 @@ def _close_fails_pending(rank: int, size: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     if rank == 0:
-        recv = pg.irecv(np.zeros(4), src=1, tag=4242)
-        coll = pg.all_reduce(np.ones(4), async_op=True)
+        recv = _checks.started(pg.irecv(np.zeros(4), src=1, tag=4242))
+        coll = _checks.started(pg.all_reduce(np.ones(4), async_op=True))
         assert coll is not None
         start = time.monotonic()
         pg.destroy_process_group()

@@ -5,33 +5,36 @@ isend/irecv, groups and teardown come from :mod:`procgroup.backend`. Plugin auth
 start from it (docs/plugins.md); procgroup's own tests install it as a real plugin.
 """
 
+from __future__ import annotations
+
 import time
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 
-from procgroup.backend import BackendSpec, DataChannel, hookimpl
+from procgroup.backend import BackendSpec, ChannelContext, DataChannel, hookimpl
 from procgroup.errors import CommTimeoutError
 
 
 class StoreChannel(DataChannel):
     """Each message is one Store key: (src, dst, tag, per-pair sequence number)."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: ChannelContext) -> None:
         super().__init__(ctx)
-        self._sent = defaultdict(int)
-        self._got = defaultdict(int)
+        self._sent: defaultdict[tuple[int, int], int] = defaultdict(int)
+        self._got: defaultdict[tuple[int, int], int] = defaultdict(int)
 
-    def _key(self, src, dst, tag, seq):
+    def _key(self, src: int, dst: int, tag: int, seq: int) -> str:
         return f"m/{src}/{dst}/{tag}/{seq}"
 
-    def do_send(self, array, dst, tag=0):
+    def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
         self.check_usable()
         seq = self._sent[dst, tag]
         self._sent[dst, tag] += 1
         self.ctx.store.set(self._key(self.rank, dst, tag, seq), np.asarray(array).tobytes())
 
-    def do_recv(self, array, src=None, tag=0):
+    def do_recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
         deadline = time.monotonic() + self.timeout
         while True:
             self.check_usable()
@@ -49,11 +52,11 @@ class StoreChannel(DataChannel):
 
 
 @hookimpl
-def procgroup_backends():
+def procgroup_backends() -> list[BackendSpec]:
     return [BackendSpec(name="storechan", loader=lambda: StoreChannel, description="send/recv over the Store")]
 
 
-def register():
+def register() -> None:
     """Setup hook for the conformance suite: register the channel at run time."""
     import procgroup
 
