@@ -59,9 +59,10 @@ from ._ring import (
     ring_bytes,
 )
 from ._shm import host_identity, shm_possible
-from ._wire import NO_FP
+from ._wire import NO_FP, check_size
 
 log = logging.getLogger(__name__)
+_perf = time.perf_counter
 
 #: PROCGROUP_TCP_SHM_P2P=0 (or the channel option ``shm_p2p=False``) keeps p2p on the sockets.
 ENV_SHM_P2P = "PROCGROUP_TCP_SHM_P2P"
@@ -80,7 +81,7 @@ MAX_MESSAGE_BYTES = 1 << 48
 SETUP_TAG = (1 << 64) - 2
 
 _MAGIC = b"PGP2"
-_VERSION = 1
+_VERSION = 2  # 2: the ring's "sender waits for space" word
 # round 1: magic, version, pid, inbox bytes, offset of the receiver's ring in it, the probe's
 # address, the probe's bytes, the inbox name
 _HELLO = struct.Struct(f"<4sIQQQQ{_cma.PROBE_BYTES}s64s")
@@ -133,6 +134,7 @@ class SendJob(Work):
                 return False
             need = w.free_for(RTS.size)
             if not need:
+                w.waiting(True)
                 return False
             link.rts_next += 1
             self.rts_id = rts_id
@@ -143,6 +145,7 @@ class SendJob(Work):
                 piece = min(CHUNK_BYTES, n - self.offset)
                 need = w.free_for(piece)
                 if not need:
+                    w.waiting(True)
                     return False
                 lo = self.offset
                 if lo == 0:
@@ -153,6 +156,7 @@ class SendJob(Work):
         else:
             need = w.free_for(n)
             if not need:
+                w.waiting(True)
                 return False
             w.write(K_EAGER, self.dtype_char, self.tag, n, self.fp, self.view, need)
         self.written = True
@@ -271,8 +275,7 @@ class ShmP2P:
         if self._rlock.acquire(False):
             try:
                 for link in self._in_list:
-                    if link.reader.has_record():
-                        self._drain(link)
+                    if link.reader.has_record() and (self._drain(link) or link.reader.writer_waits()):
                         self.out[link.rank].bell.ring()  # acknowledgements, ring space
             finally:
                 self._rlock.release()
@@ -299,26 +302,36 @@ class ShmP2P:
             while not self._closed and out.queue and out.queue[0].advance():
                 out.queue.popleft()
                 moved = True
+            if not out.queue:
+                out.writer.waiting(False)
             if moved or (out.queue and out.queue[0].offset):
                 out.bell.ring()
         finally:
             out.lock.release()
 
-    def _drain(self, link: InLink) -> None:
+    def _drain(self, link: InLink) -> bool:
+        """Take every record of ``link`` in; True when its sender may wait on what this did
+        (an acknowledgement, the space of a large message's chunks)."""
         try:
-            self._drain_records(link)
+            return self._drain_records(link)
         except RingCorrupt as exc:
-            err = PeerError(
-                f"rank {link.global_rank} broke the shared-memory protocol ({exc}); closing the channel",
-                rank=link.global_rank,
-            )
-            link.stream = None
-            self._corrupt(link.rank, err)
+            self._broken(link, exc)
+            return True
 
-    def _drain_records(self, link: InLink) -> None:
+    def _broken(self, link: InLink, exc: RingCorrupt) -> PeerError:
+        err = PeerError(
+            f"rank {link.global_rank} broke the shared-memory protocol ({exc}); closing the channel",
+            rank=link.global_rank,
+        )
+        link.stream = None
+        self._corrupt(link.rank, err)
+        return err
+
+    def _drain_records(self, link: InLink) -> bool:
         r = link.reader
         data = r.data
         src, gsrc = link.rank, link.global_rank
+        large = False
         while r.has_record():
             kind, dtype_char, tag, nbytes, fp, at, n = r.next()
             if kind == K_EAGER:
@@ -336,12 +349,14 @@ class ShmP2P:
                 r.consume(at, n)
                 landing.finish(src)
             elif kind == K_RTS:
+                large = True
                 if n != RTS.size or nbytes > MAX_MESSAGE_BYTES:
                     raise RingCorrupt(f"a rendezvous record of {n} bytes for {nbytes} bytes")
                 addr, rts_id = RTS.unpack_from(data, at)
                 r.consume(at, n)
                 r.ack(rts_id % ACK_SLOTS, (rts_id + 1) << 2 | self._rendezvous(link, tag, nbytes, dtype_char, fp, addr))
             elif kind == K_FIRST:
+                large = True
                 if link.stream is not None or nbytes > MAX_MESSAGE_BYTES or not 0 < n <= nbytes:
                     raise RingCorrupt(f"a first chunk of {n} bytes for {nbytes} bytes")
                 landing = self._match(src, tag, nbytes, dtype_char, fp)
@@ -360,6 +375,7 @@ class ShmP2P:
                 else:
                     link.stream = [landing, into, n, nbytes]
             else:  # K_MORE
+                large = True
                 st = link.stream
                 if st is None or tag != st[2] or not 0 < n <= st[3] - st[2]:
                     raise RingCorrupt(f"a chunk of {n} bytes at offset {tag} out of sequence")
@@ -372,6 +388,7 @@ class ShmP2P:
                     link.stream = None
                     if view is not None:
                         landing.finish(src)
+        return large
 
     def _rendezvous(self, link: InLink, tag: int, nbytes: int, dtype_char: bytes, fp: bytes, addr: int) -> int:
         """Copy a rendezvous message out of the sender's memory into where it lands."""
@@ -397,6 +414,47 @@ class ShmP2P:
         landing.finish(src)
         return ACK_OK
 
+    def recv_direct(self, src: int, view: memoryview, dtype: np.dtype, tag: int) -> int:
+        """A blocking receive from same-host peer ``src`` that nothing posted or queued
+        before it could claim (the channel checked that, and that ``tag`` is not a
+        collective's): when ``src``'s next record is this small message, it is copied from
+        the ring straight into ``view``, with no posting and no matching. It waits at
+        most the spin time for the record; -1 when it took nothing (another record comes
+        first, another thread is draining, the spin ran out): the caller then posts the
+        receive and waits the general way, which drains every ring and sees failures.
+        A size or dtype mismatch consumes the record and raises, as a posted receive would."""
+        link = self.inbound.get(src)
+        if link is None or not self._rlock.acquire(False):
+            return -1
+        try:
+            r = link.reader
+            if self._closed:
+                return -1
+            if not r.has_record():
+                end = _perf() + self._spin
+                while not r.has_record():
+                    if _perf() >= end:
+                        return -1
+            try:
+                kind, dtype_char, rtag, nbytes, _, at, n = r.next()
+                if kind != K_EAGER or rtag != tag:
+                    return -1
+                if n != nbytes:
+                    raise RingCorrupt(f"a message of {nbytes} bytes in a record of {n}")
+            except RingCorrupt as exc:
+                raise self._broken(link, exc) from None
+            try:
+                check_size(nbytes, dtype_char, view, dtype, link.global_rank)
+                if n:
+                    view[:] = r.data[at : at + n]
+            finally:
+                r.consume(at, n)
+                if r.writer_waits():
+                    self.out[src].bell.ring()
+            return src
+        finally:
+            self._rlock.release()
+
     # ------------------------------------------------------------------ sending
     def send(self, link: OutLink, view: memoryview, tag: int, dtype_char: bytes, fp: bytes) -> None:
         """A blocking send: returns once ``view`` may be reused."""
@@ -414,12 +472,9 @@ class ShmP2P:
         with link.lock:
             if self._closed:
                 raise ChannelClosedError("the tcp channel is closed (destroy_process_group was called)")
-            if not link.queue and n <= EAGER_BYTES:
-                need = link.writer.free_for(n)
-                if need:
-                    link.writer.write(K_EAGER, dtype_char, tag, n, fp, view, need)
-                    link.bell.ring()
-                    return None
+            if not link.queue and n <= EAGER_BYTES and link.writer.put(K_EAGER, dtype_char, tag, fp, view):
+                link.bell.ring()
+                return None
             job = SendJob(self, link, view, tag, dtype_char, fp)
             if link.queue or not job.advance():
                 link.queue.append(job)

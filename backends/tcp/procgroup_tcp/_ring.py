@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import struct
 
-#: the control block: tail (sender) at 0, head (receiver) at 64, ack slots from 128
+#: the control block: tail (sender) at 0, head (receiver) at 64, ack slots from 128, the
+#: sender's "waiting for space" flag at 2560 (after the last ack slot, a cache line of its own)
 CTRL_BYTES = 4096
-_TAIL_WORD, _HEAD_WORD, _ACK_WORD = 0, 8, 16
+_TAIL_WORD, _HEAD_WORD, _ACK_WORD, _WAITS_WORD = 0, 8, 16, 320
 #: outstanding rendezvous sends per ordered pair (their acknowledgement slots)
 ACK_SLOTS = 256
 
@@ -104,6 +105,37 @@ class RingWriter:
         self._tail += need
         self._words[_TAIL_WORD] = self._tail  # after the record: the reader may take it now
 
+    def put(self, kind: int, dtype_char: bytes, tag: int, fp: bytes, payload: memoryview) -> bool:
+        """Write one whole message as one record when it fits now (False: it does not);
+        :meth:`free_for` and :meth:`write` in one call, for the small messages' path."""
+        cap = self.capacity
+        tail = self._tail
+        pos = tail % cap
+        n = len(payload)
+        span = (HEADER_BYTES + n + 7) & ~7
+        pad = pos + span > cap
+        start = 0 if pad else pos
+        end = start + span
+        need = (cap - pos if pad else 0) + (cap if cap - end < HEADER_BYTES else end) - start
+        if tail + need - self._head > cap:
+            self._head = self._words[_HEAD_WORD]
+            if tail + need - self._head > cap:
+                return False
+        data = self._data
+        if pad:
+            RECORD.pack_into(data, pos, K_PAD, b"B", 0, cap - pos, 0, 0, b"")
+        RECORD.pack_into(data, start, kind, dtype_char, 0, HEADER_BYTES + n, tag, n, fp)
+        if n:
+            data[start + HEADER_BYTES : start + HEADER_BYTES + n] = payload
+        self._tail = tail + need
+        self._words[_TAIL_WORD] = tail + need  # after the record: the reader may take it now
+        return True
+
+    def waiting(self, flag: bool) -> None:
+        """Tell the reader whether this sender waits for ring space (it then rings the
+        sender's doorbell as it frees some; otherwise a drain of small records does not)."""
+        self._words[_WAITS_WORD] = int(flag)
+
     def ack(self, slot: int) -> int:
         return self._words[_ACK_WORD + slot]
 
@@ -157,6 +189,10 @@ class RingReader:
 
     def ack(self, slot: int, value: int) -> None:
         self._words[_ACK_WORD + slot] = value
+
+    def writer_waits(self) -> bool:
+        """The sender waits for ring space (:meth:`RingWriter.waiting`)."""
+        return self._words[_WAITS_WORD] != 0
 
     def release(self) -> None:
         self._words.release()

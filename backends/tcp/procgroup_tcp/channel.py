@@ -315,7 +315,17 @@ class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
         """A blocking receive. On the sockets (no shared memory) from one peer it reads that
         peer's frames on this thread (``_progress``): a small user message that nothing
         posted or queued before it could claim lands straight in ``array`` (no matching);
-        otherwise it is posted and this thread reads until it lands."""
+        otherwise it is posted and this thread reads until it lands. From a same-host peer, a
+        small message that nothing could claim before it is taken from its ring the same way
+        (``ShmP2P.recv_direct``)."""
+        if self._shm_out and src in self._shm_out:
+            m = self._matcher
+            if (not m.posted and not m.unexpected and not m.dead and tag not in self._fps
+                    and tag not in self._ledger.done and self._failure is None and not self._closed
+                    and not self._scopes.trouble and not self._peers[src].state.left):
+                got = self._p2p.recv_direct(src, byte_view(array), array.dtype, tag)  # type: ignore[union-attr]  # a link exists only with p2p
+                if got >= 0:
+                    return got
         peer = self._peers.get(src) if self._direct and src is not None else None
         if peer is None or peer.state.left or self._failure is not None or self._closed or self._scopes.trouble:
             work = self.start_recv(array, src, tag)
