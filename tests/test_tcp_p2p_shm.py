@@ -393,3 +393,102 @@ def _threads(rank: int, size: int) -> bool:
 
 def test_threads_share_the_progress() -> None:
     assert spawn(_threads, 2, timeout=30.0) == [True, True]
+
+
+# ------------------------------------------------------------------ the small messages' fast path
+def test_one_call_eager_write_matches_the_two_step_write_and_refuses_a_full_ring() -> None:
+    """RingWriter.put lays records out byte for byte as free_for + write do (pads at the
+    ring's end included), refuses a record that does not fit, and the sender's "waiting
+    for space" word reaches the reader."""
+    import random
+
+    from procgroup_tcp._ring import CTRL_BYTES, K_EAGER, RingReader, RingWriter
+
+    capacity = 4096
+    one, two = memoryview(bytearray(CTRL_BYTES + capacity)), memoryview(bytearray(CTRL_BYTES + capacity))
+    put, classic, reader = RingWriter(one, 0, capacity), RingWriter(two, 0, capacity), RingReader(one, 0, capacity)
+    rng = random.Random(11)
+    for i in range(3000):
+        payload = memoryview(bytes([i % 251]) * rng.choice([0, 1, 7, 8, 9, 40, 100, 333, 1000, 1500]))
+        assert put.put(K_EAGER, b"B", i, bytes(32), payload)
+        classic.write(K_EAGER, b"B", i, len(payload), bytes(32), payload, classic.free_for(len(payload)))
+        assert one[CTRL_BYTES:] == two[CTRL_BYTES:] and put._tail == classic._tail, i
+        assert reader.has_record()
+        kind, _, tag, nbytes, _, at, n = reader.next()
+        assert (kind, tag, nbytes, bytes(reader.data[at : at + n])) == (K_EAGER, i, len(payload), bytes(payload))
+        reader.consume(at, n)
+        two[:CTRL_BYTES] = one[:CTRL_BYTES]  # the classic writer sees the same head
+    fill = memoryview(bytes(1000))
+    while put.put(K_EAGER, b"B", 0, bytes(32), fill):
+        pass
+    assert put._tail - reader.head > capacity - 1100  # it stopped because the ring is full
+    assert not reader.writer_waits()
+    put.waiting(True)
+    assert reader.writer_waits()
+    put.waiting(False)
+    assert not reader.writer_waits()
+
+
+def _direct_receives(rank: int, size: int) -> dict[str, Any]:
+    """Blocking receives from the same-host peer: taken from the ring directly when the
+    message is next, else (another tag first, a message that comes after the spin, a
+    message waiting behind a full ring) the general way, in order, nothing lost."""
+    import procgroup as pg
+
+    ch: Any = pg.group_channel(pg.group.WORLD)
+    p2p = ch._p2p
+    taken = {"direct": 0, "general": 0}
+    real = p2p.recv_direct
+
+    def counting(*args: Any) -> int:
+        got = real(*args)
+        taken["direct" if got >= 0 else "general"] += 1
+        return got
+
+    p2p.recv_direct = counting
+    out: dict[str, Any] = {}
+    small = np.empty(4, dtype=np.int32)
+    if rank == 0:
+        for i in range(200):
+            pg.send(np.full(4, i, dtype=np.int32), 1)
+            pg.recv(small, 1)
+        pg.send(np.full(4, 1, dtype=np.int32), 1, tag=1)  # tag 1 first, tag 2 wanted first
+        pg.send(np.full(4, 2, dtype=np.int32), 1, tag=2)
+        pg.recv(small, 1)  # rank 1 has taken both
+        time.sleep(0.2)  # past any spin: rank 1 sleeps on its doorbell meanwhile
+        pg.send(np.full(4, 3, dtype=np.int32), 1)
+        works = [pg.isend(np.full(EAGER // 4, i, dtype=np.int32), 1, tag=3) for i in range(100)]  # 3 MiB: > a ring
+        for w in works:
+            w.wait()
+        out["sent"] = True
+    else:
+        echoes = 0
+        for i in range(200):
+            pg.recv(small, 0)
+            echoes += int((small == i).all())
+            pg.send(small, 0)
+        out["pingpong"] = echoes == 200
+        out["direct"] = taken["direct"] >= 150  # most of them: the peer's message was next
+        got2 = np.empty(4, dtype=np.int32)
+        got1 = np.empty(4, dtype=np.int32)
+        pg.recv(got2, 0, tag=2)
+        pg.recv(got1, 0, tag=1)
+        out["tags"] = bool((got2 == 2).all() and (got1 == 1).all())
+        pg.send(small, 0)
+        pg.recv(small, 0)
+        out["late"] = bool((small == 3).all())
+        time.sleep(0.3)  # the sender fills the ring and waits for space
+        big = np.empty(EAGER // 4, dtype=np.int32)
+        order = []
+        for _ in range(100):
+            pg.recv(big, 0, tag=3)
+            order.append(int(big[0]) if (big == big[0]).all() else -1)
+        out["full ring"] = order == list(range(100))
+    pg.barrier()
+    return out
+
+
+def test_blocking_receives_take_the_ring_directly_and_fall_back_in_order() -> None:
+    results = spawn(_direct_receives, 2, timeout=30.0)
+    assert results[0] == {"sent": True}, results[0]
+    assert all(v is True for v in results[1].values()) and len(results[1]) == 5, results[1]
