@@ -6,8 +6,8 @@ alive, unreachable). One thread per channel sends a header-only frame to every p
 each ``deadline / 5`` (at most each second) and watches when each peer was last heard
 from (any frame counts, data or heartbeat; a payload still arriving counts as heard),
 waking when the quietest peer's deadline falls due. A peer silent for longer than the
-deadline is reported dead; the channel reports it as *suspected* first
-(``DataChannel.peer_suspected``), since it may be alive behind a cut link: a shrink that
+deadline is reported dead, and as *suspected* first (the channel's
+``DataChannel.peer_suspected``), since it may be alive behind a cut link: a shrink that
 drops it then needs a majority (docs/fault-tolerance.md, "Cut links").
 
 Why a thread and never the op path: a rank that is only slow (a long computation
@@ -101,7 +101,12 @@ class Heartbeat:
             wake = max(due, now + _MIN_SLEEP_S)
 
     def _report(self, peer: Peer, silent: float) -> None:
+        """A silence is a suspicion before it is a death: the peer may be alive behind a
+        cut link, so its channel hears so first (a shrink that drops it needs a majority)."""
         try:
+            suspect = getattr(peer.events, "peer_suspected", None)
+            if suspect is not None:
+                suspect(peer.rank)
             self._on_silent(peer, silent)
         except Exception:
             log.warning("reporting a silent peer failed", exc_info=True)
