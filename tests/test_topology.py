@@ -129,6 +129,9 @@ def run_checks(g, members, label, full=True):
         pg.all_to_all(a2a_out, blocks[me], group=g)
         check(f"{tag} all_to_all", np.concatenate(a2a_out), np.concatenate([blocks[r][gr] for r in members]))
         pg.barrier(group=g)
+    empty = np.empty(0, np.float32)  # a 0-byte collective runs the group's barrier
+    pg.all_reduce(empty, group=g)
+    check(f"{label} all_reduce of 0 bytes", empty, empty)
 
 
 run_checks(pg.group.WORLD, list(range(n)), "world")

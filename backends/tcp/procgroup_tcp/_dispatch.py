@@ -8,8 +8,8 @@ Each dispatcher runs its collective in the shared-memory arena when the channel 
    frame of the tag): a :class:`~procgroup_tcp._fingerprints.Collective` value;
 2. the algorithm runs with that tag (``procgroup.algorithms``, or ``_collectives.Plan``
    for the ops it picks by size); a 0-byte collective, which the algorithms would skip,
-   runs a barrier under its fingerprint instead, so a 0-byte vs non-0 disagreement is
-   found too;
+   runs a barrier under its fingerprint instead (as ``barrier`` itself does: two levels
+   where they apply), so a 0-byte vs non-0 disagreement is found too;
 3. :meth:`TcpCollectives._end` takes the tag off the table and raises the mismatch
    found as it ran, or one of an earlier collective of this group (``Ledger.finished``).
 
@@ -84,7 +84,11 @@ class TcpCollectives:
         """Run ``algorithm(*args)`` (its args hold ``call.tag``) under ``call``; see the module."""
         try:
             if self.size > 1 and (array is None or array.nbytes == 0):
-                direct.barrier(self, call.tag)  # type: ignore[arg-type]  # a DataChannel by the MRO
+                topo = self._topo if self._two_level_on else None  # looked up by the dispatcher
+                if topo is not None and topo.two_level:
+                    hierarchical.barrier(self, topo, call.tag)  # type: ignore[arg-type]  # a DataChannel by the MRO
+                else:
+                    direct.barrier(self, call.tag)  # type: ignore[arg-type]  # a DataChannel by the MRO
             else:
                 algorithm(*args)
         except BaseException:
@@ -186,9 +190,6 @@ class TcpCollectives:
         if self._shm is not None:
             self._shm.agree("barrier", None)
             return
-        topo = self._two_level()
+        self._two_level()  # _run's barrier takes two levels where they apply
         call = self._start("barrier", None)
-        if topo is not None:
-            self._run(call, None, hierarchical.barrier, self, topo, call.tag)
-        else:
-            self._run(call, None, direct.barrier, self, call.tag)
+        self._run(call, None, direct.barrier, self, call.tag)
