@@ -42,15 +42,17 @@ def recorder_checks(rank: int, size: int, out_dir: str) -> dict[str, Any]:
     dist.broadcast(x, src=1)  # MARK-broadcast
     if rank == 0:
         dist.send(np.ones(3, dtype=np.int64), dst=2)  # MARK-send
+        dist.send(np.ones(3, dtype=np.int64), dst=2)  # MARK-fast-send
     elif rank == 2:
         dist.recv(np.empty(3, dtype=np.int64), src=0)  # MARK-recv
+        dist.recv(np.empty(3, dtype=np.int64), src=0)  # MARK-fast-recv
     sub = dist.new_group([0, 1])
     if rank in (0, 1):
         dist.all_reduce(np.ones(2, dtype=np.float64), group=sub)  # MARK-sub
     dist.barrier()
     record = dist.flight_record()
     for _ in range(RING + 5):  # the ring keeps the newest RING entries only
-        dist.all_reduce(np.zeros(1, dtype=np.float32))
+        dist.all_reduce(np.zeros(1, dtype=np.float32))  # MARK-loop
     bounded = dist.flight_record()
     text = dist.dump_flight_record(os.path.join(out_dir, f"rank{rank}.flight.json"))
     report = dist.flight_report()
@@ -99,11 +101,16 @@ def test_collectives_are_numbered_per_group_with_their_caller(job: tuple[list[di
 
 def test_point_to_point_entries_name_the_peer(job: tuple[list[dict[str, Any]], Path]) -> None:
     results, _ = job
-    sent, = [e for e in results[0]["record"] if e["kind"] == "p2p"]
-    got, = [e for e in results[2]["record"] if e["kind"] == "p2p"]
+    # the first call of a dtype takes the checked path, the second the fast path: both
+    # name the caller's line
+    sent, sent_again = [e for e in results[0]["record"] if e["kind"] == "p2p"]
+    got, got_again = [e for e in results[2]["record"] if e["kind"] == "p2p"]
     assert (sent["op"], sent["peer"], sent["bytes"], sent["dtype"], sent["seq"]) == ("send", 2, 24, "int64", 1)
     assert (got["op"], got["peer"], got["state"]) == ("recv", 0, "done")
     assert sent["line"] == _line_of("# MARK-send") and got["line"] == _line_of("# MARK-recv")
+    assert (sent_again["seq"], sent_again["peer"], got_again["seq"], got_again["peer"]) == (2, 2, 2, 0)
+    assert sent_again["line"] == _line_of("# MARK-fast-send") and got_again["line"] == _line_of("# MARK-fast-recv")
+    assert sent_again["function"] == got_again["function"] == "recorder_checks"
     assert not [e for e in results[1]["record"] if e["kind"] == "p2p"]
 
 
@@ -114,6 +121,10 @@ def test_the_ring_is_bounded(job: tuple[list[dict[str, Any]], Path]) -> None:
         assert len(bounded) == RING
         seqs = [e["seq"] for e in bounded if e["group_id"] == 0 and e["op"] == "all_reduce"]
         assert seqs == sorted(seqs) and seqs[-1] == 3 + RING + 5  # the newest kept, in order
+        # the loop's all_reduces take the fast path: the caller is still the loop's line
+        loop = [e for e in bounded if e["group_id"] == 0 and e["op"] == "all_reduce"]
+        assert {(e["line"], e["function"], e["state"]) for e in loop} == {
+            (_line_of("# MARK-loop"), "recorder_checks", "done")}
         assert res["dump"]["ring_size"] == RING
 
 

@@ -6,10 +6,10 @@ lie above the user tag space) passes once through :func:`wrap`, which writes one
 the group, the op's number on it (collectives and point-to-point counted apart, so the
 collective numbers agree on every member), the op, root or peer, size and dtype, the
 state (issued, waiting, done, failed), times, and the caller's file and line: the first
-frame outside procgroup and the backend packages. The entry is a plain list written into
-a preallocated ring, so the cost is a few attribute reads and one frame walk per op
-(measured in docs/debugging.md); anything that costs more (names, strings, world ranks)
-is worked out only when the record is read.
+frame outside procgroup and the backend packages. The entry is a plain list appended to a
+bounded deque, so the cost is one frame taken at a known depth, a few attribute reads and
+one clock reading per op (measured in docs/debugging.md); anything that costs more (names,
+strings, line numbers, world ranks) is worked out only when the record is read.
 
 :func:`snapshot` returns the entries as dicts; :func:`dump` adds the stacks of every
 thread (so a rank stuck outside procgroup shows where). A rank publishes its dump
@@ -55,8 +55,9 @@ GATHER_SECONDS = 1.5
 DEPARTURE_WAIT_S = 0.3
 
 _P2P = frozenset(POINT_TO_POINT)
-#: entry fields (a list, for speed): _SPEC is (GroupInfo, op), fixed per wrapper; _LINE holds
-#: the caller's instruction offset (f_lasti), made a line number when read; _T1 (end time) and
+#: entry fields (a list, for speed): _SPEC is (GroupInfo, op), fixed per wrapper; _T0 and _T1
+#: are perf_counter_ns readings; _LINE holds the caller's instruction offset (f_lasti), made
+#: a line number when read; _T1 (end time) and
 #: _EXTRA (the error, or an issued op's Work) are appended only when an op fails or is issued
 _SPEC, _SEQ, _PEER, _NBYTES, _DTYPE, _STATE, _T0, _CODE, _LINE, _T1, _EXTRA = range(11)
 STARTED, DONE, FAILED, ISSUED = 0, 1, 2, 3
@@ -136,7 +137,15 @@ def add_own_package(module_name: str) -> None:
 
 
 _getframe = sys._getframe
-_perf = time.perf_counter
+_ns = time.perf_counter_ns
+
+
+def _outermost() -> Any:
+    """The outermost frame of the stack (the caller when a wrapper's depth overshoots it)."""
+    f = _getframe(1)
+    while f.f_back is not None:
+        f = f.f_back
+    return f
 
 
 # ------------------------------------------------------------------ the ring
@@ -179,16 +188,20 @@ class Recorder:
 RECORDER = Recorder()
 
 
-def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = False) -> Callable[..., Any]:
+def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = False,
+         depth: int = 1) -> Callable[..., Any]:
     """``fn`` (the blocking callable of ``op``, or its ``start`` when ``started``) writing
     one ring entry per call.
 
     This is on the path of every op, so it does the least that must be done at call time:
-    the caller's frame is walked (first frame whose source file is not procgroup's, the
-    verdict cached per file name) and its code and instruction offset kept (file, line and
-    function are worked out when the record is read); size and dtype are read from the
-    array, never the array kept (the ring must not hold the caller's memory); a completed
-    op only flips its state.
+    the caller's frame is taken ``depth`` frames up (1: the wrapper's own caller; the op
+    layer, which knows how many of its frames lie between, asks for more through
+    :func:`at_depth`, so the frames in between are never made into objects), and walked
+    outward only while it is procgroup's (the verdict cached per file name); its code and
+    instruction offset are kept, never the frame (file, line and function are worked out
+    when the record is read); size and dtype are read from the array, never the array kept
+    (the ring must not hold the caller's memory); the time is an int of nanoseconds; a
+    completed op only flips its state, an int.
     """
     rec = RECORDER
     if rec.size == 0:
@@ -201,14 +214,18 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
     failed = _failed
     state0 = ISSUED if started else STARTED
     spec = (info, op)
+    wrapper: Any  # one of the three below, given an attribute at the end
 
     if op in _P2P:
         def call_p2p(array: Any, peer: Any = None, tag: int = 0) -> Any:
             if tag >= MAX_USER_TAG:  # a step of a collective, a group's translated call
                 return fn(array, peer, tag)
-            f: Any = _getframe(1)
+            try:
+                f = _getframe(depth)
+            except ValueError:  # a shallower stack than the op layer said
+                f = _outermost()
             code = f.f_code
-            n = MAX_WALK
+            n = MAX_WALK  # outward while the frame is procgroup's (the verdict cached per file name)
             while n and ((k := own(code.co_filename)) or (k is None and classify(code.co_filename))):
                 f = f.f_back or f
                 code = f.f_code
@@ -220,7 +237,7 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
                 dtype = array.dtype
             except AttributeError:
                 nbytes, dtype = -1, None
-            entry = [spec, seq, peer, nbytes, dtype, state0, _perf(), code, f.f_lasti]
+            entry = [spec, seq, peer, nbytes, dtype, state0, _ns(), code, f.f_lasti]
             append(entry)
             try:
                 result = fn(array, peer, tag)
@@ -233,15 +250,17 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
                 entry[_STATE] = DONE
             return result
 
-        return call_p2p
-
-    if op == "all_reduce" and not started:
+        wrapper = call_p2p
+    elif op == "all_reduce" and not started:
         # all_reduce: (array, op), the latency-critical one (reduce_scatter's three
         # arguments take the general wrapper below)
         def call_reduce(array: Any, reduce_op: Any) -> Any:
-            f: Any = _getframe(1)
+            try:
+                f = _getframe(depth)
+            except ValueError:
+                f = _outermost()
             code = f.f_code
-            n = MAX_WALK
+            n = MAX_WALK  # outward while the frame is procgroup's (the verdict cached per file name)
             while n and ((k := own(code.co_filename)) or (k is None and classify(code.co_filename))):
                 f = f.f_back or f
                 code = f.f_code
@@ -253,7 +272,7 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
                 dtype = array.dtype
             except AttributeError:
                 nbytes, dtype = _list_shape(array)
-            entry = [spec, seq, None, nbytes, dtype, STARTED, _perf(), code, f.f_lasti]
+            entry = [spec, seq, None, nbytes, dtype, STARTED, _ns(), code, f.f_lasti]
             append(entry)
             try:
                 result = fn(array, reduce_op)
@@ -263,42 +282,58 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
             entry[_STATE] = DONE
             return result
 
-        return call_reduce
-
-    def call(*args: Any) -> Any:
-        f: Any = _getframe(1)
-        code = f.f_code
-        n = MAX_WALK
-        while n and ((k := own(code.co_filename)) or (k is None and classify(code.co_filename))):
-            f = f.f_back or f
-            code = f.f_code
-            n -= 1
-        seq = info.coll + 1
-        info.coll = seq
-        if array_at is not None and array_at < len(args):
-            x = args[array_at]
+        wrapper = call_reduce
+    else:
+        def call(*args: Any) -> Any:
             try:
-                nbytes = x.nbytes
-                dtype = x.dtype
-            except AttributeError:
-                nbytes, dtype = _list_shape(x)
-        else:
-            nbytes, dtype = 0, None
-        peer = args[peer_at] if peer_at is not None and peer_at < len(args) else None
-        entry = [spec, seq, peer, nbytes, dtype, state0, _perf(), code, f.f_lasti]
-        append(entry)
-        try:
-            result = fn(*args)
-        except BaseException as exc:
-            failed(channel, entry, exc)
-            raise
-        if started:
-            _track(entry, result)
-        else:
-            entry[_STATE] = DONE
-        return result
+                f = _getframe(depth)
+            except ValueError:
+                f = _outermost()
+            code = f.f_code
+            n = MAX_WALK  # outward while the frame is procgroup's (the verdict cached per file name)
+            while n and ((k := own(code.co_filename)) or (k is None and classify(code.co_filename))):
+                f = f.f_back or f
+                code = f.f_code
+                n -= 1
+            seq = info.coll + 1
+            info.coll = seq
+            if array_at is not None and array_at < len(args):
+                x = args[array_at]
+                try:
+                    nbytes = x.nbytes
+                    dtype = x.dtype
+                except AttributeError:
+                    nbytes, dtype = _list_shape(x)
+            else:
+                nbytes, dtype = 0, None
+            peer = args[peer_at] if peer_at is not None and peer_at < len(args) else None
+            entry = [spec, seq, peer, nbytes, dtype, state0, _ns(), code, f.f_lasti]
+            append(entry)
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                failed(channel, entry, exc)
+                raise
+            if started:
+                _track(entry, result)
+            else:
+                entry[_STATE] = DONE
+            return result
 
-    return call
+        wrapper = call
+    wrapper._flight_wrap = (channel, op, fn, started)  # read by at_depth
+    return wrapper
+
+
+def at_depth(recorded: Callable[..., Any], depth: int) -> Callable[..., Any]:
+    """``recorded`` (a callable from :func:`wrap`, or an unrecorded one: returned as it is)
+    made to look for its caller ``depth`` frames up: for a caller that always reaches it
+    through the same ``depth - 1`` frames of procgroup's own (the op layer's fast paths)."""
+    made = getattr(recorded, "_flight_wrap", None)
+    if made is None:
+        return recorded
+    channel, op, fn, started = made
+    return wrap(channel, op, fn, started, depth)
 
 
 def _list_shape(x: Any) -> tuple[int, Any]:
@@ -310,7 +345,7 @@ def _list_shape(x: Any) -> tuple[int, Any]:
 def _track(entry: list[Any], work: Any) -> None:
     """An issued op's Work, weakly: the record asks it whether it completed."""
     try:
-        entry += [0.0, weakref.ref(work)]
+        entry += [0, weakref.ref(work)]
     except TypeError:
         entry[_STATE] = DONE  # a Work that cannot be referenced weakly is a completed one
 
@@ -318,7 +353,7 @@ def _track(entry: list[Any], work: Any) -> None:
 def _failed(channel: DataChannel, entry: list[Any], exc: BaseException) -> None:
     entry[_STATE] = FAILED
     del entry[_T1:]
-    entry += [_perf(), f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"]
+    entry += [_ns(), f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"]
     if isinstance(exc, ProcGroupError) and not getattr(exc, "_flight_seen", False):
         try:
             exc._flight_seen = True  # type: ignore[attr-defined]  # a mark: explained once, however often re-raised
@@ -328,12 +363,14 @@ def _failed(channel: DataChannel, entry: list[Any], exc: BaseException) -> None:
 
 
 # ------------------------------------------------------------------ reading the record
-def _entry_dict(e: list[Any], wall: float) -> dict[str, Any]:
+def _entry_dict(e: list[Any], wall: int) -> dict[str, Any]:
+    """One entry as the record gives it (``wall``: time_ns() - perf_counter_ns(), to make
+    the entry's clock readings wall-clock seconds)."""
     info: GroupInfo = e[_SPEC][0]
     op = e[_SPEC][1]
     state = e[_STATE]
     extra = e[_EXTRA] if len(e) > _EXTRA else None
-    t1 = e[_T1] if len(e) > _T1 else 0.0
+    t1 = e[_T1] if len(e) > _T1 else 0
     if state == ISSUED:
         work = extra() if callable(extra) else None
         if work is None:
@@ -354,7 +391,7 @@ def _entry_dict(e: list[Any], wall: float) -> dict[str, Any]:
         "peer": info.world(e[_PEER]), "bytes": int(e[_NBYTES]) if e[_NBYTES] is not None else -1,
         "dtype": str(getattr(dtype, "name", dtype)) if dtype is not None else None,
         "state": _STATE_NAMES[state],
-        "start": round(e[_T0] + wall, 6), "end": round(t1 + wall, 6) if t1 else None,
+        "start": round((e[_T0] + wall) / 1e9, 6), "end": round((t1 + wall) / 1e9, 6) if t1 else None,
         "file": code.co_filename if code is not None else None, "line": line,
         "function": code.co_name if code is not None else None,
     }
@@ -373,7 +410,7 @@ def _line(code: Any, lasti: int) -> int | None:
 
 def snapshot() -> list[dict[str, Any]]:
     """This rank's record: the ring's entries as dicts, oldest first."""
-    wall = time.time() - _perf()
+    wall = time.time_ns() - _ns()
     return [_entry_dict(e, wall) for e in RECORDER.entries()]
 
 
@@ -614,5 +651,5 @@ def departed(rank: int, reason: str) -> None:
         rec.first_failure = reason.split(marker, 1)[1] if marker in reason else f"rank {rank} left: {reason}"
 
 
-__all__ = ["ENV_DIR", "ENV_RING", "RECORDER", "GroupInfo", "Recorder", "departed", "departure_reason", "dump",
+__all__ = ["ENV_DIR", "ENV_RING", "RECORDER", "GroupInfo", "Recorder", "at_depth", "departed", "departure_reason", "dump",
            "dump_path", "gather", "register", "snapshot", "stacks", "wrap", "write_dump"]
