@@ -452,6 +452,8 @@ def _direct_receives(rank: int, size: int) -> dict[str, Any]:
         for i in range(200):
             pg.send(np.full(4, i, dtype=np.int32), 1)
             pg.recv(small, 1)
+        for i in range(20):  # already in the ring when rank 1 receives them
+            pg.send(np.full(4, i, dtype=np.int32), 1, tag=4)
         pg.send(np.full(4, 1, dtype=np.int32), 1, tag=1)  # tag 1 first, tag 2 wanted first
         pg.send(np.full(4, 2, dtype=np.int32), 1, tag=2)
         pg.recv(small, 1)  # rank 1 has taken both
@@ -468,7 +470,20 @@ def _direct_receives(rank: int, size: int) -> dict[str, Any]:
             echoes += int((small == i).all())
             pg.send(small, 0)
         out["pingpong"] = echoes == 200
-        out["direct"] = taken["direct"] >= 150  # most of them: the peer's message was next
+        # the spin before sleeping: the small messages' below the eager size, growing with the
+        # size above it up to MAX_SPIN_S while each rank has a core, the short one otherwise
+        from procgroup_tcp._p2p import MAX_SPIN_S, SPIN_S_PER_BYTE
+
+        base = p2p.spin_for(EAGER)
+        own = 2 <= (os.cpu_count() or 1)
+        out["spin"] = (p2p.spin_for(0) == base and p2p.spin_for(EAGER + 1) >= base
+                       and p2p.spin_for(1 << 40) == (MAX_SPIN_S if own else base)
+                       and (not own or p2p.spin_for(4 << 20) == max(base, (4 << 20) * SPIN_S_PER_BYTE)))
+        time.sleep(0.3)
+        before = dict(taken)
+        ready = [int(pg.recv(small, 0, tag=4) == 0 and (small == i).all()) for i in range(20)]
+        out["direct"] = sum(ready) == 20 and taken["direct"] - before["direct"] == 20 == sum(taken.values()) - sum(
+            before.values())
         got2 = np.empty(4, dtype=np.int32)
         got1 = np.empty(4, dtype=np.int32)
         pg.recv(got2, 0, tag=2)
@@ -491,4 +506,4 @@ def _direct_receives(rank: int, size: int) -> dict[str, Any]:
 def test_blocking_receives_take_the_ring_directly_and_fall_back_in_order() -> None:
     results = spawn(_direct_receives, 2, timeout=30.0)
     assert results[0] == {"sent": True}, results[0]
-    assert all(v is True for v in results[1].values()) and len(results[1]) == 5, results[1]
+    assert all(v is True for v in results[1].values()) and len(results[1]) == 6, results[1]

@@ -75,6 +75,12 @@ RING_BYTES = 1 << 20
 EAGER_BYTES = 32 * 1024
 #: the piece size of a message streamed through the ring (no rendezvous copy possible)
 CHUNK_BYTES = 256 * 1024
+#: a wait for a large message (sent or received) spins up to this long per byte before it
+#: sleeps on the doorbell, when this host's ranks each have a core: the other side is busy
+#: copying about that long, and a sleeper's wake-up costs more than the spin ...
+SPIN_S_PER_BYTE = 0.5e-9
+#: ... and never longer than this (a blocking wait has nothing else to do meanwhile)
+MAX_SPIN_S = 5e-3
 #: a message claiming more is a protocol error (the sockets' bound)
 MAX_MESSAGE_BYTES = 1 << 48
 #: the tag of the set-up messages on the sockets (above every tag a user or collective has)
@@ -254,7 +260,8 @@ class ShmP2P:
         self._views = views
         self.bell = bell  # this rank's own: peers ring it
         # spin a little before sleeping, unless the ranks of this host outnumber its cores
-        self._spin = 100e-6 if len(out) + 1 <= (os.cpu_count() or 1) else 5e-6
+        self._own_cores = len(out) + 1 <= (os.cpu_count() or 1)
+        self._spin = 100e-6 if self._own_cores else 5e-6
         self.out = out
         self.inbound = inbound
         self._in_list = list(inbound.values())
@@ -503,12 +510,25 @@ class ShmP2P:
                 ranks=[link.global_rank],
             )
 
-        if not self.wait_until(job.finished, limit, check):
+        if not self.wait_until(job.finished, limit, check, self.spin_for(job.view.nbytes)):
             raise timed_out()
 
-    def wait_until(self, ready: Callable[[], bool], timeout: float, check: Callable[[], None] | None = None) -> bool:
-        """Drive progress until ``ready()``; False when ``timeout`` passes first. Spins briefly,
-        then sleeps on this rank's doorbell (a peer's write wakes it), ``check()`` between naps."""
+    def spin_for(self, nbytes: int) -> float:
+        """How long a wait for a message of ``nbytes`` spins before it sleeps."""
+        if nbytes <= EAGER_BYTES or not self._own_cores:
+            return self._spin
+        return max(self._spin, min(MAX_SPIN_S, nbytes * SPIN_S_PER_BYTE))
+
+    def wait_until(
+        self,
+        ready: Callable[[], bool],
+        timeout: float,
+        check: Callable[[], None] | None = None,
+        spin: float | None = None,
+    ) -> bool:
+        """Drive progress until ``ready()``; False when ``timeout`` passes first. Spins for
+        ``spin`` seconds (default: the channel's small-message spin), then sleeps on this
+        rank's doorbell (a peer's write wakes it), ``check()`` between naps."""
         progress = self.progress
 
         def test() -> bool:
@@ -518,7 +538,7 @@ class ShmP2P:
         if test():
             return True
         now = time.perf_counter()
-        deadline, spin_end = now + timeout, now + self._spin
+        deadline, spin_end = now + timeout, now + (self._spin if spin is None else spin)
         while True:
             if test():
                 return True
@@ -751,8 +771,10 @@ __all__ = [
     "EAGER_BYTES",
     "ENV_SHM_CMA",
     "ENV_SHM_P2P",
+    "MAX_SPIN_S",
     "RING_BYTES",
     "SETUP_TAG",
+    "SPIN_S_PER_BYTE",
     "ShmP2P",
     "open_p2p",
     "p2p_wanted",

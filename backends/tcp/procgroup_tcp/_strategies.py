@@ -92,7 +92,7 @@ class SharedMemoryProgress:
         self._bell = p2p.bell
 
     def wait(self, req: PostedRecv, timeout: float) -> bool:
-        return self._p2p.wait_until(req.is_done, timeout)
+        return self._p2p.wait_until(req.is_done, timeout, None, self._p2p.spin_for(req.view.nbytes))
 
     def poke(self, req: PostedRecv) -> None:
         self._p2p.progress()
