@@ -15,7 +15,13 @@ decision any of them already holds, so no two survivors ever decide differently.
 that keep it so: a decision is accepted only from a rank not known dead; a member
 answers a new coordinator's question only once it too believes every lower rank dead
 (so the old coordinator's late decision is refused); a member that has decided answers
-every later question with its decision, even after it returned.
+every later question with its decision, even after it returned. A member still waiting
+sends its contribution again every second (the same contribution, taken as such), and a
+coordinator that took over asks again whoever has not answered.
+
+Contributions and decisions also carry the *suspected* ranks: those counted dead only
+because they went silent (``DataChannel.peer_suspected``), which may be alive behind a
+cut link. shrink reads ``Decision.suspected`` to refuse going on without a majority.
 """
 
 from __future__ import annotations
