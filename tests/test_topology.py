@@ -159,6 +159,33 @@ pg.destroy_process_group()
 """
 
 
+DEATH = r"""
+import json, os
+import numpy as np
+import procgroup as pg
+from procgroup.errors import ProcGroupError
+
+pg.init_process_group("tcp", timeout=60)
+me = pg.get_rank()
+a = np.ones(300_000, np.float32)
+pg.all_reduce(a)  # the topology is learnt, the two-level path runs once
+out = {"rank": me, "two_level": pg.group_channel()._two_level() is not None}
+if me == int(os.environ["PGTEST_VICTIM"]):
+    os._exit(0)  # gone without a goodbye, as a crashed process
+try:
+    for _ in range(3):
+        pg.all_reduce(a)
+        pg.barrier()
+    out["error"] = None
+except ProcGroupError as exc:
+    out["error"] = type(exc).__name__
+    out["message"] = str(exc)
+with open(os.path.join(os.environ["PGTEST_OUT"], f"rank{me}.json"), "w") as f:
+    json.dump(out, f)
+os._exit(0)
+"""
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SimCluster]:
     with SimCluster(HOSTS, rate=None, delay=50e-6) as c:
@@ -166,8 +193,9 @@ def cluster() -> Iterator[SimCluster]:
     assert leftovers(c.tag) == []
 
 
-def _run_job(cluster: SimCluster, tmp: Path, place: list[list[int]]) -> dict[int, dict[str, Any]]:
-    (tmp / "worker.py").write_text(textwrap.dedent(WORKER))
+def _run_job(cluster: SimCluster, tmp: Path, place: list[list[int]], worker: str = WORKER,
+             extra: dict[str, str] | None = None) -> dict[int, dict[str, Any]]:
+    (tmp / "worker.py").write_text(textwrap.dedent(worker))
     (tmp / "launch.py").write_text(textwrap.dedent(LAUNCH))
     world = sum(len(ranks) for ranks in place)
     blocks = all(ranks == list(range(ranks[0], ranks[0] + len(place[0]))) for ranks in place)
@@ -181,14 +209,15 @@ def _run_job(cluster: SimCluster, tmp: Path, place: list[list[int]]) -> dict[int
     # rank 0's store listens on the host that runs rank 0: MASTER_ADDR names it
     master = next(h for h, ranks in enumerate(place) if 0 in ranks)
     env = {"PGTEST_PLACEMENT": json.dumps(place), "MASTER_ADDR": cluster.hosts[master].address,
-           "PROCGROUP_TCP_PIECE_BYTES": str(256 * 1024), "PGTEST_OUT": str(tmp)}
+           "PROCGROUP_TCP_PIECE_BYTES": str(256 * 1024), "PGTEST_OUT": str(tmp), **(extra or {})}
     results = cluster.run(argvs, env=env, timeout=240, grace=10)
     report = "".join(f"--- {r.host.hostname}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}\n"
                      for r in results)
     assert all(r.returncode == 0 for r in results), report
     found = {rank: json.loads((tmp / f"rank{rank}.json").read_text()) for rank in range(world)
              if (tmp / f"rank{rank}.json").exists()}
-    assert sorted(found) == list(range(world)), report
+    if worker is WORKER:
+        assert sorted(found) == list(range(world)), report
     return found
 
 
@@ -222,3 +251,17 @@ def test_every_collective_on_placement(cluster: SimCluster, tmp_path: Path, name
             assert r["two_level"]["partial"] is True, (rank, r)
         if "heads" in r["two_level"]:
             assert r["two_level"]["heads"] is False, (rank, r)
+
+
+@needs_cluster
+def test_a_dead_rank_is_an_error_in_two_level_collectives(cluster: SimCluster, tmp_path: Path) -> None:
+    """A rank that vanishes (no goodbye) between two-level all_reduces: every survivor's
+    next collective raises the peer's death, naming it (on its host and on the other),
+    rather than waiting for it until the timeout."""
+    found = _run_job(cluster, tmp_path, PLACEMENTS["2x2"], DEATH, {"PGTEST_VICTIM": "1"})
+    assert sorted(found) == [0, 2, 3], found
+    for rank, r in found.items():
+        assert r["two_level"] is True, (rank, r)
+        # the peer's death, not a timeout (what a hang would end in)
+        assert r["error"] is not None and "Timeout" not in r["error"], (rank, r)
+        assert "rank 1" in r["message"], (rank, r)
