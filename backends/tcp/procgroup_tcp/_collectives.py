@@ -18,6 +18,7 @@ that choice. One rank per host, or one host, stays flat.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -150,9 +151,10 @@ class TwoLevel:
     what a leader receives from its host (the flat pipelines use ``plan.scratch`` at the
     same time)."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, options: Mapping[str, Any] | None = None) -> None:
         self.plan = plan
-        self.piece = env_bytes("PROCGROUP_TCP_PIECE_BYTES", None, minimum=1, hint="a piece needs at least one") or PIECE_BYTES
+        self.piece = env_bytes("PROCGROUP_TCP_PIECE_BYTES", None, minimum=1, name="piece_bytes", options=options,
+                               hint="a piece needs at least one") or PIECE_BYTES
         self.scratch = pipelined.Scratch(SCRATCH_KEEP_BYTES)
 
     def slices(self, topo: Topology, nbytes: int) -> int:

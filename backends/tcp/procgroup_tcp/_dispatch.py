@@ -58,7 +58,7 @@ class TcpCollectives:
         self._fps = ledger.active  # tag -> fingerprint of each running collective
         self._fingerprints = Fingerprints()
         self._plan = Plan()  # which algorithm runs a collective over the sockets
-        self._two = TwoLevel(self._plan)  # the same on several hosts with several ranks on some
+        self._two = TwoLevel(self._plan, self.ctx.options)  # the same on several hosts with several ranks on some
         self._two_level_on = two_level_wanted(self.ctx.options)
         self._topo: Topology | None = None
 
