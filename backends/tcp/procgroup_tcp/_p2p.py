@@ -465,6 +465,11 @@ class ShmP2P:
     # ------------------------------------------------------------------ sending
     def send(self, link: OutLink, view: memoryview, tag: int, dtype_char: bytes, fp: bytes) -> None:
         """A blocking send: returns once ``view`` may be reused."""
+        if view.nbytes <= EAGER_BYTES and not link.queue:  # the common case, _start's first branch inline
+            with link.lock:
+                if not self._closed and not link.queue and link.writer.put(K_EAGER, dtype_char, tag, fp, view):
+                    link.bell.ring()
+                    return
         job = self._start(link, view, tag, dtype_char, fp)
         if job is not None:
             job.wait()
