@@ -96,18 +96,20 @@ class ControlPlane:
 
     # ------------------------------------------------------------ deaths
     def died(self, rank: int, exc: BaseException | None) -> bool:
-        """``rank`` is dead: record it, tell the carried channels holding it, then fail what
-        involves it here (``DataChannel.fail_peer``). The carried channels first: a call of one that rides on this channel
-        wakes when this one breaks, and must then find the death in its failed_ranks."""
+        """``rank`` is dead: tell the carried channels holding it, record it, then fail what
+        involves it here (``DataChannel.fail_peer``). The carried channels first, and by
+        every thread that reports the death, not only the first: a call of a carried
+        channel may wake as soon as any reporter returns (another thread saw the same
+        closed socket), and must then find the death in that channel's failed_ranks."""
         ch = self.channel
+        for child, index in list(self.children.values()):
+            if rank in index:
+                child.peer_died(index[rank], exc if exc is not None else ch.failure)
         if ch.survives and not self.survival.died(rank):
             return False
         failure = ch.failure
         if isinstance(failure, PeerError) and self._survival is not None:  # world ranks, as .rank
             failure.ranks = tuple(ch.ctx.global_rank(r) for r in sorted(self._survival.dead))
-        for child, index in list(self.children.values()):
-            if rank in index:
-                child.peer_died(index[rank], exc if exc is not None else ch.failure)
         if exc is not None:
             ch.fail_peer(rank, exc)
         return True
