@@ -241,7 +241,8 @@ class Deaths:
     def revoke_group(self, scope: GroupScope, exc: BaseException) -> None:
         """Fail every pending and later receive and send of one group (a revoke): the
         other groups on this transport go on."""
-        scope.revoked = exc
+        if scope.revoked is None:  # the first revoke's error stands
+            scope.revoked = exc
         self.scopes.trouble = True
         if scope is self.scopes.root:
             self._ch._retire_arena()

@@ -431,9 +431,10 @@ class TcpSubChannel(TcpCollectives, SubChannel):
 
     # ---------------------------------------------------------------- failure scope (ULFM)
     def fail_peer(self, rank: int, exc: BaseException) -> None:
-        """A member died: the root fails what involves it, in every group holding it (a
-        death this group's agreement decided reaches the root this way)."""
-        self._root.peer_died(self._root_ranks[rank], exc)
+        """A member died: the root's Deaths fail what involves it, in every group holding
+        it (once: a death the root saw itself comes here too, through its carried channels;
+        not through the root's peer_died, which is reporting it at that moment)."""
+        self._root._deaths.fail_peer(self._root_ranks[rank], exc)
 
     def interrupt(self, exc: BaseException) -> bool:
         """A revoke of this group: its own pending and later ops fail, nothing else."""
