@@ -164,8 +164,12 @@ def test_the_receive_rules_hold_whoever_reads() -> None:
     assert r0["crossed"] and r1["crossed"]
 
 
-def _death_seen_while_reading(rank: int, size: int) -> tuple[str, tuple[int, ...]]:
-    """Rank 0 reads rank 1 (alive) while rank 2 dies; rank 1 reads rank 2."""
+def _death_seen_while_reading(rank: int, size: int) -> dict[str, Any]:
+    """Rank 0 reads rank 1 (alive) while rank 2 dies; rank 1 reads rank 2.
+
+    As in ULFM, the death fails only what involves rank 2: rank 1's receive from it, not
+    rank 0's receive from rank 1. Rank 0 still takes the death in while its thread reads
+    rank 1's socket: its receive from rank 2 afterwards fails at once."""
     import procgroup as pg
 
     buf = np.zeros(4)
@@ -176,19 +180,30 @@ def _death_seen_while_reading(rank: int, size: int) -> tuple[str, tuple[int, ...
         time.sleep(0.3)
         os._exit(3)
     pg.send(np.ones(1), 2, tag=77)
+    if rank == 1:
+        with pytest.raises(pg.PeerError) as info:
+            pg.recv(buf, src=2)
+        pg.send(np.full(4, 5.0), 0)
+        return {"error": str(info.value), "ranks": tuple(info.value.ranks)}
+    pg.recv(buf, src=1)
+    start = time.monotonic()
     with pytest.raises(pg.PeerError) as info:
-        pg.recv(buf, src=1 if rank == 0 else 2)
-    return str(info.value), tuple(info.value.ranks)
+        pg.recv(np.zeros(1), src=2)
+    return {"error": str(info.value), "ranks": tuple(info.value.ranks), "got": buf.tolist(),
+            "seconds": time.monotonic() - start, "failed": list(pg.failed_ranks())}
 
 
 def test_a_death_reaches_a_rank_reading_another_peer() -> None:
     results = spawn(_death_seen_while_reading, 3, env=SOCKETS, expect_dead=[2], timeout=600, job_timeout=60)
-    for msg, ranks in (results[0], results[1]):
-        assert 2 in ranks and "rank 2" in msg, (msg, ranks)
+    for r in (results[0], results[1]):
+        assert 2 in r["ranks"] and "rank 2" in r["error"], r
+    assert results[0]["got"] == [5.0] * 4 and results[0]["failed"] == [2], results[0]
+    assert results[0]["seconds"] < 5.0, results[0]
 
 
 def _frozen_while_read(rank: int, size: int) -> dict[str, Any]:
-    """Rank 0 reads rank 1 while it is slow (heartbeats go on), then rank 2 while it is stopped."""
+    """Rank 0 reads rank 1 while it is slow (heartbeats go on), then ranks 0 and 1 read
+    rank 2 while it is stopped."""
     import procgroup as pg
 
     pids = [None] * size
@@ -204,7 +219,7 @@ def _frozen_while_read(rank: int, size: int) -> dict[str, Any]:
         os.kill(os.getpid(), signal.SIGSTOP)
     start = time.monotonic()
     with pytest.raises(pg.PeerError) as info:
-        pg.recv(one, 2 if rank == 0 else 0)
+        pg.recv(one, 2)
     if rank == 0:
         os.kill(pids[2], signal.SIGKILL)  # type: ignore[arg-type]  # pids came back as a list of ints
     return {"seconds": time.monotonic() - start, "ranks": tuple(info.value.ranks)}

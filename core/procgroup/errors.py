@@ -76,11 +76,15 @@ class PeerError(ProcGroupError, ConnectionError):
 
     ``rank`` is the first rank blamed (None when unknown); ``ranks`` every rank known
     dead when the error was raised, in the numbering of the channel that saw it.
+    ``departed`` is True when the blamed rank said goodbye (it left on purpose, maybe
+    because of an earlier failure it reports) rather than vanishing.
     """
 
-    def __init__(self, message: str, *, rank: int | None = None, ranks: Iterable[int] = ()) -> None:
+    def __init__(self, message: str, *, rank: int | None = None, ranks: Iterable[int] = (),
+                 departed: bool = False) -> None:
         super().__init__(message)
         self.rank = rank
+        self.departed = departed
         found = tuple(ranks)
         self.ranks = found if found else (() if rank is None else (rank,))
 

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 def left_error(global_rank: int) -> PeerError:
     """A peer that said goodbye: it called destroy_process_group, or its process ended."""
     return PeerError(f"rank {global_rank} has left the group (it called destroy_process_group or its "
-                     f"process exited)", rank=global_rank)
+                     f"process exited)", rank=global_rank, departed=True)
 
 
 def _send_all(sock: socket.socket, header: bytes, payload: memoryview, timeout: float,

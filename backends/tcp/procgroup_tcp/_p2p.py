@@ -505,6 +505,7 @@ class ShmP2P:
                         f"rank {link.global_rank} has left the group (it called "
                         f"destroy_process_group or its process exited)",
                         rank=link.global_rank,
+                        departed=True,
                     )
                 )
 

@@ -586,10 +586,13 @@ def explain(channel: DataChannel, entry: list[Any], exc: ProcGroupError) -> None
         blamed = [info.world(r) for r in (exc.ranks or ())]
         # a departing rank's reason goes out before its goodbye, but the goodbye may be
         # seen first on another path (shared memory): give the reason a moment to land.
+        # Only for a goodbye (``departed``): a rank that crashed or went silent sends no
+        # reason, and waiting for one would only delay every survivor's detection.
         # Not under procgroup-run (which sets ENV_DIR): the launcher names the root cause
         # from every rank's status, and stops the job as soon as one rank fails, so a
         # wait here would only lose this rank's own error to the launcher's SIGTERM.
-        wait = 0.0 if os.environ.get(ENV_DIR) else DEPARTURE_WAIT_S
+        departed = getattr(exc, "departed", False)
+        wait = DEPARTURE_WAIT_S if departed and not os.environ.get(ENV_DIR) else 0.0
         deadline = time.monotonic() + wait
         while blamed and not any(r in rec.departures for r in blamed) and time.monotonic() < deadline:
             time.sleep(0.01)
