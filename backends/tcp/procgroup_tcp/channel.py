@@ -82,7 +82,31 @@ INLINE_SEND_BYTES = 256 * 1024
 DIRECT_RECV_BYTES = 64 * 1024
 
 
-class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
+class ScopedGroup(TcpCollectives):
+    """What the root channel and a sub-channel share of a group's failure scope
+    (``_scope``, registered in the root's ``_scopes``)."""
+
+    _scope: GroupScope
+    _scopes: Scopes
+
+    def next_collective_tag(self) -> int:
+        """A collective of a group holding a dead rank (or revoked) fails at entry."""
+        if self._scopes.trouble:
+            refused = self._scope.collective_error()
+            if refused is not None:
+                raise fresh(refused)
+        return super().next_collective_tag()  # DataChannel's, after this class in the MRO
+
+    def failure_ack(self) -> None:
+        """Acknowledge the deaths known now: any-source receives hear the live ranks again."""
+        self._scope.ack()
+
+    def failure_get_acked(self) -> list[int]:
+        """The acknowledged dead, in this channel's numbering."""
+        return self._scope.acked_ranks()
+
+
+class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
     """The tcp backend's communicator; see the module docstring for the layers."""
 
     backend_name = "tcp"
@@ -252,22 +276,6 @@ class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
         self._deaths.revoke_group(self._scope, exc)
         return first
 
-    def next_collective_tag(self) -> int:
-        """A collective of a group holding a dead rank (or revoked) fails at entry."""
-        if self._scopes.trouble:
-            refused = self._scope.collective_error()
-            if refused is not None:
-                raise fresh(refused)
-        return super().next_collective_tag()
-
-    def failure_ack(self) -> None:
-        """Acknowledge the deaths known now: any-source receives hear the live ranks again."""
-        self._scope.ack()
-
-    def failure_get_acked(self) -> list[int]:
-        """The acknowledged dead, in this channel's numbering."""
-        return self._scope.acked_ranks()
-
     # ---------------------------------------------------------------- surviving a death
     def do_control_send(self, dst: int, payload: bytes) -> None:
         peer = self._peers.get(dst)
@@ -404,7 +412,7 @@ class TcpChannel(TcpCollectives, DataChannel, PeerEvents):
             self._p2p.close()
 
 
-class TcpSubChannel(TcpCollectives, SubChannel):
+class TcpSubChannel(ScopedGroup, SubChannel):
     """A group on its parent's sockets; its collectives (the same dispatchers as the
     root's, never in the arena) register their fingerprints in the root channel's
     ledger, which the root's receive path compares. Its failure scope (``_scope``) is
@@ -441,19 +449,6 @@ class TcpSubChannel(TcpCollectives, SubChannel):
         first = self.fail(exc)
         self._root._deaths.revoke_group(self._scope, exc)
         return first
-
-    def next_collective_tag(self) -> int:
-        if self._scopes.trouble:
-            refused = self._scope.collective_error()
-            if refused is not None:
-                raise fresh(refused)
-        return super().next_collective_tag()
-
-    def failure_ack(self) -> None:
-        self._scope.ack()
-
-    def failure_get_acked(self) -> list[int]:
-        return self._scope.acked_ranks()
 
     def do_close(self) -> None:
         self._scopes.remove(self._scope.gid)
