@@ -3,7 +3,9 @@ on groups made with new_group, as the job's first agreement or a later one, with
 dead and after a death, on disjoint and nested groups at once; on tcp and gloo.
 
 One spawned job per backend runs the whole matrix: a phase with nobody dead, then rank 3
-exits and the survivors run it again. Every call has a timeout far below the job's, so a
+exits and the survivors run it again. One job per transport (tcp, gloo on each engine)
+checks that a revoke wakes the group's pending receives and collectives, and nothing of
+another group. Every call has a timeout far below the job's, so a
 hang fails the job with the ranks that never reported, and a call past its bound is a
 CommTimeoutError naming who did not answer.
 """
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 import procgroup as pg
 import pytest
-from _installed import require_gloo
+from _installed import gloo_engine_env, require_gloo
 from procgroup.testing import spawn
 
 T = 60.0  # every agree/shrink's bound: far below the job's, far above a loaded machine's delays
@@ -92,13 +94,16 @@ def nobody_dead(rank: int) -> dict[str, Any]:
         g123 = pg.shrink(g123, timeout=T)
         seen["shrunk_sub"] = g123.ranks
         _sum_check(g123, [1, 2, 3])
-    # revoke of a sub-group: the other member's next op fails, shrink makes it usable
+    # revoke of a sub-group: the other member's pending receive and its next op fail,
+    # shrink makes it usable (pending ops of every kind: test_revoke_wakes_pending_ops)
     if rank in (2, 3):
         if rank == 2:
             time.sleep(0.3)
             pg.revoke(g23)
-        else:  # a later op fails (a pending one: tests/test_survive.py, on the world)
-            _wait_revoked(g23)
+        else:
+            with pytest.raises(pg.GroupRevokedError):
+                pg.recv(np.zeros(4), src=2, group=g23)
+        _wait_revoked(g23)
         with pytest.raises(pg.GroupRevokedError):
             buf = np.zeros(4)
             pg.recv(buf, src=2 if rank == 3 else 3, group=g23)
@@ -189,6 +194,70 @@ def test_any_group_any_time(backend: str) -> None:
         require_gloo()
     results = spawn(matrix, 4, backend, expect_dead=[3], timeout=600, job_timeout=240)
     _check_matrix(results)
+
+
+def _revoked(call: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+    """``call`` fails with GroupRevokedError (it was pending when the revoke came)."""
+    with pytest.raises(pg.GroupRevokedError):
+        call(*args, **kwargs)
+    return "revoked"
+
+
+def revoke_wakes_pending(rank: int, size: int) -> dict[str, Any]:
+    """A revoke wakes the group's pending ops on every member, and nothing of another
+    group: a sub-group's named and any-source receives and its collective, then the
+    world's. The op timeout (600 s) is far beyond the job's, so an op that waited for it
+    fails the job; the revoker sleeps first, so the others are waiting when it comes."""
+    g01, g23, g123 = pg.new_group([0, 1]), pg.new_group([2, 3]), pg.new_group([1, 2, 3])
+    if rank in (2, 3):
+        _sum_check(g23, [2, 3])  # every context connected: the waits below are gloo's own
+    if rank in (1, 2, 3):
+        _sum_check(g123, [1, 2, 3])
+    seen: dict[str, Any] = {}
+    # a sub-group's pending receive from a named source (rank 2 revokes)
+    if rank == 3:
+        seen["sub_named"] = _revoked(pg.recv, np.zeros(4), src=2, group=g23)
+    elif rank == 2:
+        time.sleep(0.5)
+        pg.revoke(g23)
+    # another sub-group's: an any-source receive (rank 1) and a collective (rank 2) fail;
+    # rank 1's receive on g01, pending as well, gets its message: rank 0 sends it once
+    # rank 3 (the revoker) says it revoked
+    if rank == 1:
+        seen["sub_any"], seen["other_group"] = _at_once(
+            lambda: _revoked(pg.recv, np.zeros(4), group=g123, tag=1),
+            lambda: (pg.recv(got := np.zeros(4), src=0, group=g01, tag=2), float(got[0])))
+    elif rank == 2:
+        seen["sub_collective"] = _revoked(pg.all_reduce, np.ones(4), group=g123)
+    elif rank == 3:
+        time.sleep(0.5)
+        pg.revoke(g123)
+        pg.send(np.ones(1), dst=0, tag=3)
+    else:
+        pg.recv(np.zeros(1), src=3, tag=3)
+        pg.send(np.full(4, 7.0), dst=1, group=g01, tag=2)
+    # the world's: an any-source receive (ranks 0, 1) and a collective (rank 2)
+    if rank in (0, 1):
+        seen["world_any"] = _revoked(pg.recv, np.zeros(4), tag=4)
+    elif rank == 2:
+        seen["world_collective"] = _revoked(pg.all_reduce, np.ones(4))
+    else:
+        time.sleep(0.5)
+        pg.revoke()
+    if rank in (0, 1):  # a group split off the revoked world goes on
+        _sum_check(g01, [0, 1])
+    return seen
+
+
+@pytest.mark.parametrize("engine", ["tcp", "pygloo", "torch"])
+def test_revoke_wakes_pending_ops(engine: str) -> None:
+    env = None if engine == "tcp" else gloo_engine_env(engine)
+    results = spawn(revoke_wakes_pending, 4, "tcp" if engine == "tcp" else "gloo", env=env,
+                    timeout=600, job_timeout=120)
+    assert results[0] == {"world_any": "revoked"}
+    assert results[1] == {"sub_any": "revoked", "other_group": (0, 7.0), "world_any": "revoked"}
+    assert results[2] == {"sub_collective": "revoked", "world_collective": "revoked"}
+    assert results[3] == {"sub_named": "revoked"}
 
 
 def three_ranks_first(rank: int, size: int) -> object:

@@ -230,14 +230,17 @@ class GlooChannel(DataChannel):
             self.fail(exc)
             raise exc
 
-    def _gloo_failed(self, op: str, exc: RuntimeError) -> ProcGroupError:
-        """Break the channel after a gloo error; name the dead peer when the side channel knows it."""
+    def _gloo_failed(self, op: str, exc: RuntimeError) -> BaseException:
+        """Break the channel after a gloo error; name the dead peer when the side channel
+        knows it, or report the revoke that closed a member's gloo connections."""
         detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         if isinstance(exc, _PeerLost):  # the side channel saw it first; gloo's op was abandoned
             detail = "the op was abandoned"
         self._close_gloo()  # peers blocked on this rank now fail at once
         peer_error = self._side_channel_failure()
         err: ProcGroupError
+        if isinstance(peer_error, GroupRevokedError):  # a member revoked the group mid-op
+            return fresh(peer_error)
         if peer_error is not None:
             err = PeerError(f"{op}: {peer_error} (gloo: {detail})", rank=getattr(peer_error, "rank", None))
         elif "timed out" in detail.lower() or "timeout" in detail.lower():
@@ -262,13 +265,19 @@ class GlooChannel(DataChannel):
 
     def _side_channel_failure(self) -> BaseException | None:
         """The death of a member of this group that the side channel reported (it fails
-        this channel: ``fail_peer``), if one comes within a short grace (the socket's reset
-        may trail gloo's error); or the side channel's own break."""
+        this channel: ``fail_peer``), or a revoke of this group, if one comes within a
+        short grace (the socket's reset, or the revoke's message, may trail gloo's error:
+        a revoker closes its gloo connections before it tells the members); or the side
+        channel's own break."""
         root = self._root
 
         def known() -> BaseException | None:
             mine = self._failure
-            return mine if isinstance(mine, PeerError) else root.failure
+            if isinstance(mine, PeerError):
+                return mine
+            if self._revoked is not None:
+                return self._revoked
+            return mine if isinstance(mine, GroupRevokedError) else root.failure
 
         try:
             poll(lambda: known() is not None, _PEER_NAMING_GRACE, what="naming the failed peer")
