@@ -5,9 +5,10 @@ Two measurements:
 ``instr``: instructions per op, counted by callgrind (the same under any load). In one
 process, a one-rank tcp world (file:// rendezvous) calls ``dist.all_reduce`` on an 8 B
 float32 array; the world's fast-path callable is swapped between a no-op and the no-op
-recorded, and between the channel's own all_reduce unrecorded and recorded. Each
-variant's loop runs inside ``exec()``, the only place callgrind collects, one dump each.
-Needs valgrind.
+recorded, and between the channel's own all_reduce unrecorded and recorded. Then two more
+processes call the world's fast path as it is, one with ``PROCGROUP_FLIGHT_RECORDER=0``,
+one with the recorder on. Each variant's loop runs inside ``exec()``, the only place
+callgrind collects, one dump each. Needs valgrind.
 
 ``ab``: ``procgroup-bench -np N --sizes 8`` with the recorder off
 (``PROCGROUP_FLIGHT_RECORDER=0``) and on, alternated, the order swapped every pair; prints
@@ -45,18 +46,17 @@ def _variants() -> list[tuple[str, Any]]:
         return None
 
     real = channel._blocking("all_reduce", False)
-    caller_depth = 3  # as procgroup._ops gives it: the op, torch_names' wrapper, the program
     return [
         ("no-op", noop),
-        ("no-op, recorded", _recorder.at_depth(_recorder.wrap(channel, "all_reduce", noop), caller_depth)),
-        ("no-op, recorded, caller found by walking", _recorder.wrap(channel, "all_reduce", noop)),
+        ("no-op, recorded", _recorder.wrap(channel, "all_reduce", noop)),
         ("all_reduce", real),
-        ("all_reduce, recorded", _recorder.at_depth(_recorder.wrap(channel, "all_reduce", real), caller_depth)),
+        ("all_reduce, recorded", _recorder.wrap(channel, "all_reduce", real)),
     ]
 
 
-def _inner(calls: int) -> None:
-    """Runs under callgrind: one exec() per variant."""
+def _inner(calls: int, as_is: bool = False) -> None:
+    """Runs under callgrind: one exec() per variant (``as_is``: the world's own fast path
+    only, recorded or not as $PROCGROUP_FLIGHT_RECORDER says)."""
     import numpy as np
 
     import procgroup as dist
@@ -74,7 +74,8 @@ def _inner(calls: int) -> None:
                 all_reduce(x)
 
         names = []
-        for name, fn in _variants():
+        variants = [("as is", fast.all_reduce)] if as_is else _variants()
+        for name, fn in variants:
             group.fast = _ops._world_fast = fast._replace(all_reduce=fn)
             loop(200)  # warm: caches, specialised bytecode
             exec("loop(calls)", {"loop": loop, "calls": calls})
@@ -84,12 +85,13 @@ def _inner(calls: int) -> None:
         dist.destroy_process_group()
 
 
-def instr(calls: int) -> None:
+def _count(calls: int, as_is: bool, env: dict[str, str]) -> dict[str, float]:
+    """Instructions per call of each variant of one ``_inner`` run under callgrind."""
     with tempfile.TemporaryDirectory() as out:
         cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=builtin_exec",
                "--dump-after=builtin_exec", f"--callgrind-out-file={out}/cg.out",
-               sys.executable, __file__, "_inner", "--calls", str(calls)]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=3600)
+               sys.executable, __file__, "_inner", "--calls", str(calls)] + (["--as-is"] if as_is else [])
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=3600, env=env)
         names = json.loads(done.stdout.split("VARIANTS ", 1)[1].splitlines()[0])
         dumps = sorted(glob.glob(f"{out}/cg.out.*"), key=lambda p: int(p.rsplit(".", 1)[1]))
         totals = []
@@ -98,12 +100,20 @@ def instr(calls: int) -> None:
                 found = re.search(r"^totals: (\d+)", f.read(), re.M)
             totals.append(int(found.group(1)) if found else 0)
         # the imports' exec() calls dump too: the variants' are the last ones
-        per_op = dict(zip(names, (t / calls for t in totals[-len(names):])))
+        return dict(zip(names, (t / calls for t in totals[-len(names):])))
+
+
+def instr(calls: int) -> None:
+    env = dict(os.environ)
+    env.pop(ENV_RING, None)
+    per_op = _count(calls, False, env)
     for name, n in per_op.items():
         print(f"{name:42s} {n:9,.0f} instructions/op")
-    print(f"recorder on the fast path: +{per_op['no-op, recorded'] - per_op['no-op']:,.0f}; "
-          f"walking: +{per_op['no-op, recorded, caller found by walking'] - per_op['no-op']:,.0f}; "
+    print(f"recorder on a no-op: +{per_op['no-op, recorded'] - per_op['no-op']:,.0f}; "
           f"on the real all_reduce: +{per_op['all_reduce, recorded'] - per_op['all_reduce']:,.0f}")
+    on = _count(calls, True, env)["as is"]
+    off = _count(calls, True, dict(env, **{ENV_RING: "0"}))["as is"]
+    print(f"dist.all_reduce as is: recorder off {off:,.0f}, on {on:,.0f} instructions/op (+{on - off:,.0f})")
 
 
 def _bench(ranks: int, on: bool, iters: int) -> tuple[float, float]:
@@ -141,9 +151,10 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=10)
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--iters", type=int, default=20000)
+    p.add_argument("--as-is", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.mode == "_inner":
-        _inner(a.calls)
+        _inner(a.calls, a.as_is)
     elif a.mode == "instr":
         instr(a.calls)
     else:

@@ -58,7 +58,8 @@ def describe_op(op: Mapping[str, Any]) -> str:
     nbytes = op.get("bytes")
     if isinstance(nbytes, int) and nbytes >= 0 and op.get("dtype"):
         d += f" ({nbytes} B {op.get('dtype')})"
-    return d + f" at {_loc(op)}"
+    # a fast op's caller is not recorded (docs/debugging.md): say so rather than "at ?"
+    return d + (f" at {_loc(op)}" if op.get("file") else " (caller not recorded: it completed without waiting)")
 
 
 def _own(path: str, own_dirs: Iterable[str]) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _state
 from ._staging import Prepared, copy_back, prepare, prepare_list
-from .backend import MAX_USER_TAG, CompletedWork, DataChannel, MappedWork, Work, _recorder
+from .backend import MAX_USER_TAG, CompletedWork, DataChannel, MappedWork, Work
 from ._settings import timeout_seconds
 from .errors import CommTimeoutError, InvalidArgumentError, ProcGroupError, UnsupportedOperationError
 from .groups import Group, GroupArg
@@ -112,16 +112,10 @@ def bind_group(g: Group) -> None:
                       {r: i for i, r in enumerate(g.ranks)}, g.ranks, g.ranks[g.rank])
 
 
-#: Frames from a fast path's callable up to the program's: this module's op, then
-#: torch_names' wrapper. The flight recorder takes the caller's frame at this depth at once
-#: instead of walking there (procgroup.backend._recorder.at_depth).
-_CALLER_DEPTH = 3
-
-
 def _recorded(channel: Any, op: str) -> Callable[..., Any]:
-    """``channel``'s blocking callable of ``op``, for a fast path: called only from this
-    module's public op, so the recorder finds the caller at _CALLER_DEPTH."""
-    return _recorder.at_depth(channel.blocking(op), _CALLER_DEPTH)
+    """``channel``'s blocking callable of ``op`` (recorded by the flight recorder), for a
+    fast path."""
+    return channel.blocking(op)
 
 
 def _fast(group: Any, array: Any, tag: Any, receiving: bool) -> FastPath | None:

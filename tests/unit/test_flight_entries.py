@@ -1,5 +1,6 @@
-"""The flight recorder's op path in process (procgroup.backend._recorder.wrap/at_depth):
-which frame is named as the caller, the entry's fields and states, the ring's bound.
+"""The flight recorder's op path in process (procgroup.backend._recorder.wrap): which ops
+name a caller (those that wait, fail, are issued or still run when read) and which frame,
+the entry's fields and states, the ring's bound.
 
 A channel here is only what ``wrap`` reads of one (its GroupInfo); the ops are plain
 functions, so each case checks exactly what the recorder wrote.
@@ -16,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from procgroup.backend import _recorder
+from procgroup.backend import _recorder, poll
 
 pytestmark = pytest.mark.unit
 
@@ -50,35 +51,67 @@ def _public_op(fast: Callable[..., Any], array: Any) -> Any:
     return _op_layer(fast, array)
 
 
-def test_the_caller_is_taken_at_the_depth_the_op_layer_gives(recorder: _recorder.Recorder) -> None:
+def test_an_op_that_completes_without_waiting_names_no_caller(recorder: _recorder.Recorder) -> None:
     calls: list[Any] = []
     recorded = _recorder.wrap(_channel(), "all_reduce", lambda a, op: calls.append(op))
     x = np.zeros(3, dtype=np.float64)
-    # depth 3: past the op layer and the public op, to the program (this test)
-    _public_op(_recorder.at_depth(recorded, 3), x)  # MARK-program
-    # depth 1 (wrap's default): the wrapper's own caller, outside procgroup here
     _public_op(recorded, x)
-    assert calls == ["sum", "sum"]
-    ops = _recorder.snapshot()
-    assert [(e["function"], e["line"]) for e in ops] == [
-        ("test_the_caller_is_taken_at_the_depth_the_op_layer_gives", _line_of("# MARK-program")),
-        ("_op_layer", _line_of("# MARK-op-layer"))]
-    first = ops[0]
-    assert first["file"] == __file__
+    assert calls == ["sum"]
+    first, = _recorder.snapshot()
+    assert (first["file"], first["line"], first["function"]) == (None, None, None)
+    assert first["caller"] == _recorder.CALLER_OMITTED
     assert (first["op"], first["seq"], first["state"], first["bytes"], first["dtype"]) == (
         "all_reduce", 1, "done", 24, "float64")
     assert (first["group"], first["group_id"], first["group_ranks"], first["kind"]) == ("unit", 7, [4, 5], "collective")
     assert first["start"] > 1e9 and first["end"] is None  # wall-clock seconds; a completed op keeps no end
 
 
-def test_a_shallower_stack_than_the_depth_names_the_outermost_frame(recorder: _recorder.Recorder) -> None:
-    fast = _recorder.at_depth(_recorder.wrap(_channel(), "all_reduce", lambda a, op: None), 10_000)
-    fast(np.zeros(1), "sum")
+def _wait_past_the_spin(array: Any, op: Any) -> None:
+    """An op whose wait goes past its fast spin: its condition holds only once the entry
+    names a caller, which the wait's slow path makes it do (else the wait times out)."""
+    entry = _recorder.RECORDER.ring[-1]
+    poll(lambda: entry[_recorder._CODE] is not None, 5.0, what="unit")
+
+
+def test_an_op_that_waits_names_its_caller(recorder: _recorder.Recorder) -> None:
+    slow = _recorder.wrap(_channel(), "all_reduce", _wait_past_the_spin)
+    _public_op(slow, np.zeros(1, dtype=np.float32))
     entry, = _recorder.snapshot()
-    outermost = sys._getframe()
-    while outermost.f_back is not None:
-        outermost = outermost.f_back
-    assert (entry["file"], entry["function"]) == (outermost.f_code.co_filename, outermost.f_code.co_name)
+    # the first frame outside procgroup: this file's _op_layer (a test is not procgroup's)
+    assert (entry["file"], entry["function"], entry["line"]) == (__file__, "_op_layer", _line_of("# MARK-op-layer"))
+    assert "caller" not in entry and entry["state"] == "done"
+
+
+def test_a_dump_while_an_op_runs_names_its_caller(recorder: _recorder.Recorder) -> None:
+    seen: list[list[dict[str, Any]]] = []
+
+    def reads_the_record(array: Any, op: Any) -> None:
+        # a dump taken while the op is in progress (here from its own thread; the
+        # responder's thread reads the same stacks)
+        seen.append(_recorder.snapshot())
+        seen.append([_recorder.dump()])  # the whole dump, JSON-ready
+
+    recorded = _recorder.wrap(_channel(), "all_reduce", reads_the_record)
+    recorded(np.zeros(1), "sum")  # MARK-running
+    running, = seen[0]
+    assert (running["state"], running["function"], running["line"]) == (
+        "waiting", "test_a_dump_while_an_op_runs_names_its_caller", _line_of("# MARK-running"))
+    assert seen[1][0]["ops"][0]["line"] == _line_of("# MARK-running")
+
+
+class _Pending:
+    """A Work not completed yet (what the record asks of an issued op's Work)."""
+
+    def is_completed(self) -> bool:
+        return False
+
+
+def test_an_issued_op_names_its_caller_at_once(recorder: _recorder.Recorder) -> None:
+    start = _recorder.wrap(_channel(), "broadcast", lambda a, root: _Pending(), started=True)
+    work = start(np.zeros(2, dtype=np.int64), 1)  # MARK-issued
+    entry, = _recorder.snapshot()
+    assert (entry["state"], entry["peer"], entry["line"]) == ("issued", 5, _line_of("# MARK-issued"))
+    del work
 
 
 def test_a_failed_op_keeps_its_error_and_end(recorder: _recorder.Recorder) -> None:
@@ -92,6 +125,8 @@ def test_a_failed_op_keeps_its_error_and_end(recorder: _recorder.Recorder) -> No
     assert (entry["op"], entry["kind"], entry["seq"], entry["peer"], entry["state"]) == ("send", "p2p", 1, 5, "failed")
     assert entry["error"] == "ValueError: no route"
     assert entry["end"] >= entry["start"]
+    # a failure names the caller (this test), before the error is explained
+    assert (entry["file"], entry["function"]) == (__file__, "test_a_failed_op_keeps_its_error_and_end")
 
 
 def test_steps_inside_a_collective_are_not_recorded(recorder: _recorder.Recorder) -> None:
@@ -103,7 +138,7 @@ def test_steps_inside_a_collective_are_not_recorded(recorder: _recorder.Recorder
 def test_the_ring_keeps_the_newest_entries_and_counts_all(recorder: _recorder.Recorder) -> None:
     channel = _channel()
     recorder.groups.add(channel._flight_info)
-    fast = _recorder.at_depth(_recorder.wrap(channel, "all_reduce", lambda a, op: None), 1)
+    fast = _recorder.wrap(channel, "all_reduce", lambda a, op: None)
     for _ in range(11):
         fast(np.zeros(1, dtype=np.float32), "sum")
     assert [e["seq"] for e in _recorder.snapshot()] == list(range(4, 12))
@@ -120,4 +155,3 @@ def test_an_unrecorded_callable_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch
         return None
 
     assert _recorder.wrap(_channel(), "all_reduce", fn) is fn
-    assert _recorder.at_depth(fn, 3) is fn

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 from procgroup.backend import CompletedWork, Work, env_flag, fresh
+from procgroup.backend._recorder import waiting as _recorder_waiting
 from procgroup.errors import ChannelClosedError, CommTimeoutError, PeerError
 
 from . import _cma
@@ -545,12 +546,16 @@ class ShmP2P:
             return True
         now = time.perf_counter()
         deadline, spin_end = now + timeout, now + (self._spin if spin is None else spin)
+        slow = False
         while True:
             if test():
                 return True
             now = time.perf_counter()
             if now < spin_end:
                 continue
+            if not slow:  # past the spin, once: the flight recorder names the caller of a slow op
+                slow = True
+                _recorder_waiting()
             if check is not None:
                 check()
             if now >= deadline:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from procgroup.backend import MAX_CONTROL_BYTES
+from procgroup.backend._recorder import waiting as _recorder_waiting
 from procgroup.errors import CommTimeoutError, PeerError
 
 from . import _wire
@@ -260,6 +261,8 @@ class FrameReader:
                     except (BlockingIOError, TimeoutError):  # nothing yet (MSG_DONTWAIT, or the tick)
                         self._start = self._end = 0
                         if not wait or not self.spin:
+                            if wait:  # a tick passed with nothing: the caller's op is a slow one
+                                _recorder_waiting()
                             return NOTHING
                         got = self._spin_then_read()
                         if got < 0:
@@ -336,7 +339,10 @@ class FrameReader:
         sharing it (maybe the very sender; the host's other jobs count too) runs meanwhile,
         where a plain spin would keep it from the sender."""
         poll, end = self._poller.poll, _now() + self.spin
-        while not poll(0) and _now() < end:
+        while not poll(0):
+            if _now() >= end:  # past the spin: the caller's op is a slow one (the flight recorder names its caller)
+                _recorder_waiting()
+                break
             _yield()
         try:
             return self._recv_into(self._bview, BUFFER_BYTES)

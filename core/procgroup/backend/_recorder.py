@@ -5,11 +5,13 @@ an algorithm's collectives; not the point-to-point steps inside a collective, wh
 lie above the user tag space) passes once through :func:`wrap`, which writes one entry:
 the group, the op's number on it (collectives and point-to-point counted apart, so the
 collective numbers agree on every member), the op, root or peer, size and dtype, the
-state (issued, waiting, done, failed), times, and the caller's file and line: the first
-frame outside procgroup and the backend packages. The entry is a plain list appended to a
-bounded deque, so the cost is one frame taken at a known depth, a few attribute reads and
-one clock reading per op (measured in docs/debugging.md); anything that costs more (names,
-strings, line numbers, world ranks) is worked out only when the record is read.
+state (issued, waiting, done, failed) and its start time. The entry is a plain list
+appended to a bounded deque, so the cost is a few attribute reads and one clock reading per
+op (measured in docs/debugging.md); anything that costs more (names, strings, line
+numbers, world ranks) is worked out only when the record is read. The caller's file and
+line (the first frame outside procgroup and the backend packages) are found only for an op
+that is slow: one that waits past its fast spin (:func:`waiting`), fails, or is still
+running when the record is read; an op that completed without waiting has none.
 
 :func:`snapshot` returns the entries as dicts; :func:`dump` adds the stacks of every
 thread (so a rank stuck outside procgroup shows where). A rank publishes its dump
@@ -56,11 +58,13 @@ DEPARTURE_WAIT_S = 0.3
 
 _P2P = frozenset(POINT_TO_POINT)
 #: entry fields (a list, for speed): _SPEC is (GroupInfo, op), fixed per wrapper; _T0 and _T1
-#: are perf_counter_ns readings; _LINE holds the caller's instruction offset (f_lasti), made
-#: a line number when read; _T1 (end time) and
+#: are perf_counter_ns readings; _CODE and _LINE (None until the op is found slow) hold the
+#: caller's code and instruction offset (f_lasti), made a line number when read; _T1 (end time) and
 #: _EXTRA (the error, or an issued op's Work) are appended only when an op fails or is issued
 _SPEC, _SEQ, _PEER, _NBYTES, _DTYPE, _STATE, _T0, _CODE, _LINE, _T1, _EXTRA = range(11)
 STARTED, DONE, FAILED, ISSUED = 0, 1, 2, 3
+#: an entry's "caller" field when it names none (file, line and function are then None)
+CALLER_OMITTED = "omitted: the op completed without waiting"
 _STATE_NAMES = {STARTED: "waiting", DONE: "done", FAILED: "failed", ISSUED: "issued"}
 
 #: op -> (index of the array that gives size and dtype, index of the root/peer); the
@@ -103,17 +107,13 @@ class GroupInfo:
 # ------------------------------------------------------------------ the caller's frame
 _own_dirs: list[str] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]
 #: inside procgroup but callers in their own right: the benchmark's timing loops (their
-#: line is the caller's line, and walking past them would walk the whole stack every op)
+#: line is the caller's line)
 _CALLER_DIRS = (os.sep + "procgroup" + os.sep + "bench" + os.sep,)
-#: the walk gives up after this many of procgroup's frames (the last one is then the caller)
-MAX_WALK = 12
 
 
 #: source file name -> True when it is procgroup's or a backend's (its frames are walked
 #: past). Keyed by the file name, not the code object: a str caches its hash, while hashing
-#: a code object walks its bytecode and constants on every lookup (microseconds for a large
-#: function, on every op). A plain dict read with .get: a dict subclass's [] goes through a
-#: Python-level __getitem__ lookup, several times the cost
+#: a code object walks its bytecode and constants on every lookup
 _OWN_FILES: dict[str, bool] = {}
 
 
@@ -138,14 +138,70 @@ def add_own_package(module_name: str) -> None:
 
 _getframe = sys._getframe
 _ns = time.perf_counter_ns
+#: the names of wrap's three wrappers: a frame of one of them (in this file) holds its op's
+#: entry in the local ``entry``
+_WRAPPERS = frozenset({"call_p2p", "call_reduce", "call"})
 
 
-def _outermost() -> Any:
-    """The outermost frame of the stack (the caller when a wrapper's depth overshoots it)."""
-    f = _getframe(1)
+def _resolve(entry: list[Any], wrapper_frame: Any) -> None:
+    """Write into ``entry`` its caller: the first frame outward of ``wrapper_frame`` (the
+    op's wrapper) that is not procgroup's or a backend's (the outermost when all are)."""
+    if entry[_CODE] is not None:
+        return
+    f = wrapper_frame.f_back
+    if f is None:
+        return
     while f.f_back is not None:
+        name = f.f_code.co_filename
+        own = _OWN_FILES.get(name)
+        if not (own or (own is None and _classify(name))):
+            break
         f = f.f_back
-    return f
+    entry[_LINE] = f.f_lasti  # before the code: a reader that sees the code sees the line
+    entry[_CODE] = f.f_code
+
+
+def _entry_of(frame: Any) -> list[Any] | None:
+    """The entry held by ``frame`` when it is one of wrap's wrappers recording an op."""
+    code = frame.f_code
+    if code.co_name not in _WRAPPERS or code.co_filename != __file__:
+        return None
+    try:
+        entry = frame.f_locals.get("entry")
+    except Exception:  # noqa: BLE001 - a frame finishing meanwhile: nothing to name
+        return None
+    return entry if isinstance(entry, list) else None
+
+
+def waiting() -> None:
+    """The calling thread's op is waiting past its fast spin (procgroup.backend.poll and
+    the backends' own slow paths call this once per wait): name its caller now, walking
+    this thread's own stack, so a dump taken while it waits shows where it was called."""
+    if RECORDER.size == 0:
+        return
+    f: Any = _getframe(1)
+    while f is not None:
+        entry = _entry_of(f)
+        if entry is not None:
+            _resolve(entry, f)
+            return
+        f = f.f_back
+
+
+def _resolve_running() -> None:
+    """Name the caller of every op some thread is still inside (read from the threads'
+    stacks): for a dump taken while an op waits without having passed through
+    :func:`waiting` (a backend whose wait does not call it)."""
+    for top in sys._current_frames().values():
+        f: Any = top
+        while f is not None:
+            entry = _entry_of(f)
+            if entry is not None:
+                try:
+                    _resolve(entry, f)
+                except Exception:  # noqa: BLE001 - best effort: the stack moved on
+                    pass
+            f = f.f_back
 
 
 # ------------------------------------------------------------------ the ring
@@ -188,20 +244,19 @@ class Recorder:
 RECORDER = Recorder()
 
 
-def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = False,
-         depth: int = 1) -> Callable[..., Any]:
+def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = False) -> Callable[..., Any]:
     """``fn`` (the blocking callable of ``op``, or its ``start`` when ``started``) writing
     one ring entry per call.
 
-    This is on the path of every op, so it does the least that must be done at call time:
-    the caller's frame is taken ``depth`` frames up (1: the wrapper's own caller; the op
-    layer, which knows how many of its frames lie between, asks for more through
-    :func:`at_depth`, so the frames in between are never made into objects), and walked
-    outward only while it is procgroup's (the verdict cached per file name); its code and
-    instruction offset are kept, never the frame (file, line and function are worked out
-    when the record is read); size and dtype are read from the array, never the array kept
-    (the ring must not hold the caller's memory); the time is an int of nanoseconds; a
-    completed op only flips its state, an int.
+    This is on the path of every op, so it does only what is cheap at call time: the
+    group's op number, the peer or root, size and dtype read from the array (never the
+    array kept: the ring must not hold the caller's memory), the state and one clock
+    reading (an int of nanoseconds); a completed op only flips its state, an int. The
+    caller is not looked up: a blocking op's caller is named only when the op turns out to
+    be slow, by its own thread (:func:`waiting`, from a wait's slow path; the failure path;
+    a dump taken while it runs, from the threads' stacks), so an op that completed without
+    waiting has none. An issued op (``started``) names its caller at once: once its start
+    returns, no stack leads to it.
     """
     rec = RECORDER
     if rec.size == 0:
@@ -209,27 +264,15 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
     info = channel._flight_info
     append = rec.ring.append
     array_at, peer_at = _ARGS.get(op, (None, None))
-    own = _OWN_FILES.get
-    classify = _classify
     failed = _failed
     state0 = ISSUED if started else STARTED
     spec = (info, op)
-    wrapper: Any  # one of the three below, given an attribute at the end
+    wrapper: Any  # one of the three below
 
     if op in _P2P:
         def call_p2p(array: Any, peer: Any = None, tag: int = 0) -> Any:
             if tag >= MAX_USER_TAG:  # a step of a collective, a group's translated call
                 return fn(array, peer, tag)
-            try:
-                f = _getframe(depth)
-            except ValueError:  # a shallower stack than the op layer said
-                f = _outermost()
-            code = f.f_code
-            n = MAX_WALK  # outward while the frame is procgroup's (the verdict cached per file name)
-            while n and ((k := own(code.co_filename)) or (k is None and classify(code.co_filename))):
-                f = f.f_back or f
-                code = f.f_code
-                n -= 1
             seq = info.p2p + 1  # numbered from 1: "the 5th all_reduce" is #5
             info.p2p = seq
             try:
@@ -237,8 +280,10 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
                 dtype = array.dtype
             except AttributeError:
                 nbytes, dtype = -1, None
-            entry = [spec, seq, peer, nbytes, dtype, state0, _ns(), code, f.f_lasti]
+            entry = [spec, seq, peer, nbytes, dtype, state0, _ns(), None, None]
             append(entry)
+            if started:
+                _resolve(entry, _getframe())
             try:
                 result = fn(array, peer, tag)
             except BaseException as exc:
@@ -255,16 +300,6 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
         # all_reduce: (array, op), the latency-critical one (reduce_scatter's three
         # arguments take the general wrapper below)
         def call_reduce(array: Any, reduce_op: Any) -> Any:
-            try:
-                f = _getframe(depth)
-            except ValueError:
-                f = _outermost()
-            code = f.f_code
-            n = MAX_WALK  # outward while the frame is procgroup's (the verdict cached per file name)
-            while n and ((k := own(code.co_filename)) or (k is None and classify(code.co_filename))):
-                f = f.f_back or f
-                code = f.f_code
-                n -= 1
             seq = info.coll + 1
             info.coll = seq
             try:
@@ -272,7 +307,7 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
                 dtype = array.dtype
             except AttributeError:
                 nbytes, dtype = _list_shape(array)
-            entry = [spec, seq, None, nbytes, dtype, STARTED, _ns(), code, f.f_lasti]
+            entry = [spec, seq, None, nbytes, dtype, STARTED, _ns(), None, None]
             append(entry)
             try:
                 result = fn(array, reduce_op)
@@ -285,16 +320,6 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
         wrapper = call_reduce
     else:
         def call(*args: Any) -> Any:
-            try:
-                f = _getframe(depth)
-            except ValueError:
-                f = _outermost()
-            code = f.f_code
-            n = MAX_WALK  # outward while the frame is procgroup's (the verdict cached per file name)
-            while n and ((k := own(code.co_filename)) or (k is None and classify(code.co_filename))):
-                f = f.f_back or f
-                code = f.f_code
-                n -= 1
             seq = info.coll + 1
             info.coll = seq
             if array_at is not None and array_at < len(args):
@@ -307,8 +332,10 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
             else:
                 nbytes, dtype = 0, None
             peer = args[peer_at] if peer_at is not None and peer_at < len(args) else None
-            entry = [spec, seq, peer, nbytes, dtype, state0, _ns(), code, f.f_lasti]
+            entry = [spec, seq, peer, nbytes, dtype, state0, _ns(), None, None]
             append(entry)
+            if started:
+                _resolve(entry, _getframe())
             try:
                 result = fn(*args)
             except BaseException as exc:
@@ -321,19 +348,7 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
             return result
 
         wrapper = call
-    wrapper._flight_wrap = (channel, op, fn, started)  # read by at_depth
     return wrapper
-
-
-def at_depth(recorded: Callable[..., Any], depth: int) -> Callable[..., Any]:
-    """``recorded`` (a callable from :func:`wrap`, or an unrecorded one: returned as it is)
-    made to look for its caller ``depth`` frames up: for a caller that always reaches it
-    through the same ``depth - 1`` frames of procgroup's own (the op layer's fast paths)."""
-    made = getattr(recorded, "_flight_wrap", None)
-    if made is None:
-        return recorded
-    channel, op, fn, started = made
-    return wrap(channel, op, fn, started, depth)
 
 
 def _list_shape(x: Any) -> tuple[int, Any]:
@@ -351,6 +366,10 @@ def _track(entry: list[Any], work: Any) -> None:
 
 
 def _failed(channel: DataChannel, entry: list[Any], exc: BaseException) -> None:
+    try:  # the caller, from the wrapper's frame (the one that called this), before the error is explained
+        _resolve(entry, _getframe(1))
+    except Exception:  # noqa: BLE001 - the record is best effort: the op's own error is what counts
+        pass
     entry[_STATE] = FAILED
     del entry[_T1:]
     entry += [_ns(), f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"]
@@ -395,6 +414,8 @@ def _entry_dict(e: list[Any], wall: int) -> dict[str, Any]:
         "file": code.co_filename if code is not None else None, "line": line,
         "function": code.co_name if code is not None else None,
     }
+    if code is None:
+        d["caller"] = CALLER_OMITTED
     if isinstance(extra, str):
         d["error"] = extra
     return d
@@ -409,7 +430,9 @@ def _line(code: Any, lasti: int) -> int | None:
 
 
 def snapshot() -> list[dict[str, Any]]:
-    """This rank's record: the ring's entries as dicts, oldest first."""
+    """This rank's record: the ring's entries as dicts, oldest first (the ops still
+    running named their callers first)."""
+    _resolve_running()
     wall = time.time_ns() - _ns()
     return [_entry_dict(e, wall) for e in RECORDER.entries()]
 
@@ -654,5 +677,5 @@ def departed(rank: int, reason: str) -> None:
         rec.first_failure = reason.split(marker, 1)[1] if marker in reason else f"rank {rank} left: {reason}"
 
 
-__all__ = ["ENV_DIR", "ENV_RING", "RECORDER", "GroupInfo", "Recorder", "at_depth", "departed", "departure_reason", "dump",
-           "dump_path", "gather", "register", "snapshot", "stacks", "wrap", "write_dump"]
+__all__ = ["CALLER_OMITTED", "ENV_DIR", "ENV_RING", "RECORDER", "GroupInfo", "Recorder", "departed", "departure_reason", "dump",
+           "dump_path", "gather", "register", "snapshot", "stacks", "waiting", "wrap", "write_dump"]

@@ -5,7 +5,9 @@ Three phases, so a short op sees no added latency and a long wait (a rank late t
 collective) does not starve an oversubscribed machine: spin on the test for ``spin``
 seconds, then test and ``sched_yield`` until ``yield_for``, then test and sleep, the
 nap doubling up to ``nap_max``. ``check`` runs every ``check_every`` seconds once the
-spin phase is over, so peer-death checks cost nothing on the fast path.
+spin phase is over, so peer-death checks cost nothing on the fast path. A wait that
+outlasts its spin tells the flight recorder once (:func:`~procgroup.backend._recorder.waiting`),
+which then names the waiting op's caller: only slow ops pay for that.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from ._work import Work
 
 from ..errors import CommTimeoutError
+from ._recorder import waiting as _recorder_waiting
 
 _perf = time.perf_counter
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
@@ -39,12 +42,16 @@ def poll(test: Callable[[], bool], timeout: float, *, what: str = "", op: str = 
     yield_end = now + yield_for
     next_check = spin_end
     nap = nap_min
+    slow = False
     while True:
         if test():
             return
         now = _perf()
         if now < spin_end:
             continue
+        if not slow:
+            slow = True
+            _recorder_waiting()
         if check is not None and now >= next_check:
             check()
             next_check = now + check_every
