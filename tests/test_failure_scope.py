@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 import procgroup as pg
@@ -31,10 +32,10 @@ REPORT = [0, 1, 2]  # split off before the death, without the victim
 HOLDER = [1, 2, 3]  # holds the victim
 
 
-def _raises_naming_victim(call: object, *args: object, **kwargs: object) -> None:
+def _raises_naming_victim(call: Callable[..., object], *args: object, **kwargs: object) -> None:
     """``call`` raises PeerError naming the victim (world rank)."""
     with pytest.raises(pg.PeerError) as info:
-        call(*args, **kwargs)  # type: ignore[operator]
+        call(*args, **kwargs)
     assert VICTIM in info.value.ranks, (info.value, info.value.ranks)
 
 
