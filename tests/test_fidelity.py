@@ -204,7 +204,8 @@ def test_bench_report_columns_json_csv(tmp_path: Path) -> None:
     write_csv(str(tmp_path / "r.csv"), recs)
     lines = (tmp_path / "r.csv").read_text().splitlines()
     assert lines[0].split(",") == COLUMNS
-    assert ",10.12,9.0,11.0,0.1012,0.1012,1.0,ok,in,0" in lines[1], lines[1]
+    # link_fraction is empty without --link-rate
+    assert ",10.12,9.0,11.0,0.1012,0.1012,1.0,ok,,in,0" in lines[1], lines[1]
 
 
 def test_bench_plot_log_busbw(tmp_path: Path) -> None:
