@@ -29,6 +29,11 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> _recorder.Recorder:
     rec = _recorder.Recorder()
     rec.configure()
     monkeypatch.setattr(_recorder, "RECORDER", rec)
+    # only procgroup's own directory counts as its own: earlier tests in the process may
+    # have registered a test module as a backend's package (add_own_package), which would
+    # make this file's frames procgroup's and hide the caller
+    monkeypatch.setattr(_recorder, "_own_dirs", _recorder._own_dirs[:1])
+    monkeypatch.setattr(_recorder, "_OWN_FILES", {})
     return rec
 
 
