@@ -98,6 +98,12 @@ class Pump:
                     self._tail.add(chunk)
                 out = (self._prefix if at_line_start else b"") + chunk
                 at_line_start = chunk.endswith(b"\n")
+                if not at_line_start and len(chunk) < _CHUNK:
+                    # readline stops short of a newline only at the end of the output:
+                    # the newline goes in the same write, or another rank's line would
+                    # be glued to this one
+                    out += b"\n"
+                    at_line_start = True
                 if self._dest is not None:
                     self._dest.write(out)
             if not at_line_start and self._dest is not None:
