@@ -6,7 +6,8 @@ sub-groups that span hosts partially, compares each result with NumPy's, and che
 that every rank got the same bits (a digest of each result, gathered). The placements
 cover 2x2, 2x3, 3x2 (in blocks, and round-robin: rank r on host r mod 3) and an uneven
 one (1, 3 and 2 ranks, mixed). Small pieces (PROCGROUP_TCP_PIECE_BYTES) make the pipelined paths run
-with arrays of a few MB.
+with arrays of a few MB, and a small PROCGROUP_TCP_STREAMED_MIN_BYTES makes the larger sliced
+all_reduces take the streamed ring (the smaller ones keep the pieces).
 """
 
 from __future__ import annotations
@@ -209,7 +210,8 @@ def _run_job(cluster: SimCluster, tmp: Path, place: list[list[int]], worker: str
     # rank 0's store listens on the host that runs rank 0: MASTER_ADDR names it
     master = next(h for h, ranks in enumerate(place) if 0 in ranks)
     env = {"PGTEST_PLACEMENT": json.dumps(place), "MASTER_ADDR": cluster.hosts[master].address,
-           "PROCGROUP_TCP_PIECE_BYTES": str(256 * 1024), "PGTEST_OUT": str(tmp), **(extra or {})}
+           "PROCGROUP_TCP_PIECE_BYTES": str(256 * 1024), "PROCGROUP_TCP_STREAMED_MIN_BYTES": str(1 << 20),
+           "PGTEST_OUT": str(tmp), **(extra or {})}
     results = cluster.run(argvs, env=env, timeout=240, grace=10)
     report = "".join(f"--- {r.host.hostname}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}\n"
                      for r in results)

@@ -18,7 +18,7 @@ that choice. One rank per host, or one host, stays flat.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,13 @@ SCRATCH_KEEP_BYTES = 256 << 20
 #: smaller ones take one leader per host, since a message's latency, not its bytes,
 #: dominates and one between-host exchange of the whole array costs the fewest rounds.
 SLICED_MIN_BYTES = 512 * 1024
+#: Two levels: from slices of this many bytes (and where the flat plan would take the
+#: ring between hosts), each leader's slice goes round one between-host ring whole, its
+#: host's traffic riding on the ring's chunks (``hierarchical.sliced_ring_all_reduce``):
+#: no pipeline restarts per piece, and the host stage overlaps the ring but for one
+#: chunk at each end. Below it the per-chunk host messages and the ring's stalls while a
+#: chunk is prepared cost more than they hide: the pieces of PIECE_BYTES.
+STREAMED_MIN_BYTES = 4 << 20
 #: Two levels: a leader moves its part in pieces of this size, so that its host's traffic
 #: for the next piece overlaps the between-host step of this one. Each piece's
 #: between-host step is a whole flat pipeline that fills and drains, so pieces are large:
@@ -155,14 +162,30 @@ class TwoLevel:
         self.plan = plan
         self.piece = env_bytes("PROCGROUP_TCP_PIECE_BYTES", None, minimum=1, name="piece_bytes", options=options,
                                hint="a piece needs at least one") or PIECE_BYTES
+        self.streamed_min: int = env_bytes("PROCGROUP_TCP_STREAMED_MIN_BYTES", STREAMED_MIN_BYTES,
+                                           name="streamed_min_bytes", options=options) or 0
         self.scratch = pipelined.Scratch(SCRATCH_KEEP_BYTES)
 
     def slices(self, topo: Topology, nbytes: int) -> int:
         return topo.min_per_host if nbytes >= SLICED_MIN_BYTES else 1
 
     def all_reduce(self, ch: DataChannel, topo: Topology, array: np.ndarray, op: ReduceOp, tag: int) -> None:
-        hierarchical.all_reduce(ch, topo, array, op, tag, self.slices(topo, array.nbytes), self.piece,
-                                self.plan.all_reduce, self.scratch.get)
+        slices = self.slices(topo, array.nbytes)
+        part = array.nbytes // slices
+        streamed = part >= self.streamed_min and self.plan.use_ring(part, len(topo.hosts))
+        if array.nbytes >= SLICED_MIN_BYTES and streamed:
+            hierarchical.sliced_ring_all_reduce(ch, topo, array, op, tag, slices, self._ring, self.scratch.get)
+        else:
+            hierarchical.all_reduce(ch, topo, array, op, tag, slices, self.piece, self.plan.all_reduce,
+                                    self.scratch.get)
+
+    def _ring(self, view: Any, array: np.ndarray, op: ReduceOp, tag: int, prepare: Callable[[int], None],
+              finished: Callable[[int], None]) -> None:
+        """The between-host ring of a sliced all_reduce: the flat plan's pipelined ring."""
+        plan = self.plan
+        scratch = plan.scratch.get(pipelined.scratch_bytes("pipelined_ring_all_reduce", array, view.size))
+        pipelined.pipelined_ring_all_reduce(view, array, op, tag, scratch, plan.ring_segment(array.nbytes, view.size),
+                                            prepare, finished)
 
     def broadcast(self, ch: DataChannel, topo: Topology, array: np.ndarray, src: int, tag: int) -> None:
         hierarchical.broadcast(ch, topo, array, src, tag, self.piece, self.plan.broadcast)
@@ -175,6 +198,7 @@ __all__ = [
     "BROADCAST_CHAIN_MIN_BYTES",
     "PIECE_BYTES",
     "SLICED_MIN_BYTES",
+    "STREAMED_MIN_BYTES",
     "TwoLevel",
     "REDUCE_CHAIN_MIN_BYTES",
     "RING_MIN_BYTES",

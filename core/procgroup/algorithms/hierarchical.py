@@ -40,6 +40,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..ops import ReduceOp, finish_average, reduce_into
 from .direct import barrier as flat_barrier
+from .pipelined import ring_chunk_order
 from .ring import chunk_bounds
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ __all__ = [
     "reduce",
     "reduce_scatter",
     "scatter",
+    "sliced_ring_all_reduce",
 ]
 
 #: The between-host step of all_reduce and reduce: (view, array, op, tag) -> None.
@@ -219,6 +221,94 @@ def all_reduce(
             inter(peers, own, level_op, tag)
             finish_average(op, own, n)
             works.extend(ch.isend(own, dst, tag) for dst in others)
+    _wait_all(works)
+
+
+#: The between-host ring of :func:`sliced_ring_all_reduce`: (view, array, op, tag, prepare,
+#: finished) -> None, i.e. :func:`~procgroup.algorithms.pipelined.pipelined_ring_all_reduce`
+#: with the backend's scratch and segment.
+InterRing = Callable[[Any, np.ndarray, ReduceOp, int, Callable[[int], None], Callable[[int], None]], None]
+
+
+def sliced_ring_all_reduce(
+    ch: DataChannel,
+    topo: Topology,
+    array: np.ndarray,
+    op: ReduceOp,
+    tag: int,
+    slices: int,
+    ring: InterRing,
+    scratch: Callable[[int], np.ndarray],
+) -> None:
+    """In place, as :func:`all_reduce` with ``slices`` leaders per host, but each leader's
+    slice goes round one between-host ring whole (no pieces: one pipeline that fills and
+    drains once) and its host's traffic rides on the ring's chunks: a chunk's host
+    contributions are reduced into it just before the ring first reads it, and a chunk is
+    sent to the host as soon as the ring has its final value. So only the first chunk's
+    host stage comes before the ring, and only the last chunk's after it.
+
+    The ring's chunks of slice k are ``chunk_bounds(slice, H)``; leader k is member
+    ``host`` of its ring, so every rank of a host knows the order in which leader k needs
+    the contributions and hands out results (``ring_chunk_order``). Order per ordered pair
+    on a host: the sender's contributions to the receiver's slice (in the receiver's
+    ring order) come before the results of the sender's own slice (in its ring order),
+    and every rank posts its receives in that order."""
+    n, me = ch.size, ch.rank
+    if n == 1 or array.size == 0:
+        return
+    slices = max(1, min(slices, topo.min_per_host))
+    nh = len(topo.hosts)
+    host = topo.host_of[me]
+    local = topo.hosts[host]
+    mine = local.index(me)
+    flat = array.reshape(-1)
+    bounds = chunk_bounds(flat.size, slices)
+    slice_of = [flat[bounds[k] : bounds[k + 1]] for k in range(slices)]
+    first, final = ring_chunk_order(nh, host)  # the same for every leader of this host
+
+    def chunks(view: np.ndarray) -> list[np.ndarray]:
+        cb = chunk_bounds(view.size, nh)
+        return [view[cb[i] : cb[i + 1]] for i in range(nh)]
+
+    parts = [chunks(v) for v in slice_of]
+    others = [r for r in local if r != me]
+    level_op = _level_op(op)
+    works: list[Work] = []
+    landed: list[list[Work]] = []  # per chunk of my slice: one receive per local peer
+    rows: list[list[np.ndarray]] = []  # per local peer: its contribution, chunk by chunk
+    if mine < slices:
+        width = slice_of[mine].size * flat.itemsize
+        buf = scratch(len(others) * width)
+        rows = [chunks(buf[j * width : (j + 1) * width].view(flat.dtype)) for j in range(len(others))]
+        landed = [[] for _ in range(nh)]
+        for j, src in enumerate(others):
+            for i in first:
+                landed[i].append(ch.irecv(rows[j][i], src, tag))
+    for k in range(slices):  # my contributions to the other leaders' slices, in their order
+        if k != mine:
+            works.extend(ch.isend(parts[k][i], local[k], tag) for i in first)
+    for k in range(slices):  # the results of the other slices, straight into place
+        if k != mine:
+            works.extend(ch.irecv(parts[k][i], local[k], tag) for i in final)
+    if mine < slices:
+        own = parts[mine]
+
+        def prepare(i: int) -> None:
+            for j, work in enumerate(landed[i]):  # one fixed order per host
+                work.wait()
+                reduce_into(level_op, own[i], rows[j][i])
+
+        def hand_out(i: int) -> None:
+            works.extend(ch.isend(own[i], dst, tag) for dst in others)
+
+        peers = Members(ch, [topo.hosts[h][mine] for h in range(nh)])
+        if op is ReduceOp.AVG:  # divided once, by the whole group, after the ring's last send
+            ring(peers, slice_of[mine], level_op, tag, prepare, lambda i: None)
+            finish_average(op, slice_of[mine], n)
+            for i in final:
+                hand_out(i)
+        else:
+            ring(peers, slice_of[mine], level_op, tag, prepare, hand_out)
     _wait_all(works)
 
 

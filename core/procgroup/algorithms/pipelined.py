@@ -18,6 +18,7 @@ same bits. Which algorithm runs at which size is the backend's choice (tcp: its
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,7 +50,14 @@ def scratch_bytes(algorithm: str, array: np.ndarray, size: int) -> int:
 
 
 def pipelined_ring_all_reduce(
-    ch: DataChannel, array: np.ndarray, op: ReduceOp, tag: int, scratch: np.ndarray, seg_bytes: int
+    ch: DataChannel,
+    array: np.ndarray,
+    op: ReduceOp,
+    tag: int,
+    scratch: np.ndarray,
+    seg_bytes: int,
+    prepare: Callable[[int], None] | None = None,
+    finished: Callable[[int], None] | None = None,
 ) -> None:
     """Reduce-scatter then all-gather around the ring, streamed segment by segment.
 
@@ -58,6 +66,12 @@ def pipelined_ring_all_reduce(
     s+1 sends, so each segment goes right on once it is ready: a rank sends 2(n-1)/n of
     the array, and the all-gather overlaps the reduce-scatter. The caller's thread both
     sends (one segment at a time, see :class:`_Pump`) and reduces what has landed.
+
+    Hooks, for chunk i of ``chunk_bounds(array.size, n)``: ``prepare(i)`` runs just before
+    chunk i is first read (sent or reduced into), so a caller can fill a chunk late (two
+    levels: a host's contributions); ``finished(i)`` runs once chunk i holds its final
+    value (it may still be sent on: the hook may read it, not change it). Each runs once
+    per chunk, in the orders :func:`ring_chunk_order` gives.
     """
     n, r = ch.size, ch.rank
     if n == 1 or array.size == 0:
@@ -84,10 +98,14 @@ def pipelined_ring_all_reduce(
             (ch.irecv(part, left, tag), part, dest) for part, dest in zip(parts, segments(chunks[recv_index(s)], seg))
         ]
 
+    if prepare is not None:
+        prepare(r)
     pump = _Pump(ch, right, tag, segments(chunks[r], seg))
     posted = arrivals(0)
     for s in range(steps):
         ahead = arrivals(s + 1) if s + 1 < steps else []  # frames land in place, never unexpected
+        if prepare is not None and s < n - 1:
+            prepare(recv_index(s))
         for work, part, dest in posted:
             pump.until(work)
             if s < n - 1:
@@ -96,8 +114,19 @@ def pipelined_ring_all_reduce(
                     finish_average(op, dest, n)
             if s + 1 < steps:
                 pump.queue.append(dest)
+        if finished is not None and s >= n - 2:
+            finished(recv_index(s))
         posted = ahead
     pump.drain()
+
+
+def ring_chunk_order(n: int, r: int) -> tuple[list[int], list[int]]:
+    """For rank ``r`` of a ring of ``n``: the order in which :func:`pipelined_ring_all_reduce`
+    first reads its chunks (its own, then the one each reduce-scatter step reduces into),
+    and the order in which they become final."""
+    first = [(r - s) % n for s in range(n)]
+    final = [(r + 1) % n] + [(r - t) % n for t in range(n - 1)]
+    return first, final
 
 
 class _Pump:
@@ -204,6 +233,7 @@ __all__ = [
     "pipelined_chain_broadcast",
     "pipelined_chain_reduce",
     "pipelined_ring_all_reduce",
+    "ring_chunk_order",
     "scratch_bytes",
     "segments",
 ]
