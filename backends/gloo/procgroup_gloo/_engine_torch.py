@@ -45,6 +45,10 @@ _SLICE = datetime.timedelta(milliseconds=50)
 _RETIRED: list[Any] = []
 
 
+def _bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
 class _StoreAdapter(dist.Store):
     """A torch Store whose calls go to a procgroup Store (authenticated, any init method)."""
 
@@ -56,8 +60,10 @@ class _StoreAdapter(dist.Store):
     def _seconds(self, timeout: datetime.timedelta | None) -> float:
         return self._timeout if timeout is None else min(self._timeout, timeout.total_seconds())
 
-    def set(self, key: str, value: bytes) -> None:
-        self._store.set(key, bytes(value))
+    # torch's Store takes str or bytes values (its stub says str; gloo's C++ side passes
+    # bytes): both are accepted, and a str is stored as its UTF-8 bytes, as torch does.
+    def set(self, key: str, value: str | bytes) -> None:
+        self._store.set(key, _bytes(value))
 
     def get(self, key: str) -> bytes:
         return self._store.get(key, self._timeout)
@@ -71,8 +77,8 @@ class _StoreAdapter(dist.Store):
     def check(self, keys: Sequence[str]) -> bool:
         return self._store.check(list(keys))
 
-    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
-        return self._store.compare_set(key, bytes(expected), bytes(desired))
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        return self._store.compare_set(key, _bytes(expected), _bytes(desired))
 
     def delete_key(self, key: str) -> bool:
         return self._store.delete_key(key)
@@ -120,7 +126,9 @@ class TorchEngine(Engine):
         pgg = dist.ProcessGroupGloo
         if device is None:
             device = pgg.create_device(hostname=host_address(ctx))
-        opts = pgg._Options()
+        # torch's stub lacks ProcessGroupGloo._Options, the argument of its constructor's
+        # options overload (unused-ignore: where torch is not installed, pgg is Any)
+        opts = pgg._Options()  # type: ignore[attr-defined, unused-ignore]  # stub lacks _Options
         opts._timeout = datetime.timedelta(seconds=ctx.timeout)
         opts._devices = [device]
         store = _StoreAdapter(PrefixStore("gloo-torch", ctx.store), ctx.timeout)

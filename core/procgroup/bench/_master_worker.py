@@ -145,6 +145,7 @@ def _yard_recv(nbytes: int, peer: int) -> None:
 
     buf, flag = _yard_buffer(nbytes), np.zeros(1, np.uint8)
     work = pg.irecv(buf, peer, tag=_YARD_TAG + 1)
+    assert work is not None  # None only for a rank outside the group; the world holds every rank
     pg.send(flag, peer, tag=_YARD_TAG)
     work.wait()
     pg.send(flag, peer, tag=_YARD_TAG + 2)

@@ -68,7 +68,8 @@ class RawNcclVariant(Variant):
     def prepare(self, op: str, b: Buffers, rank: int, world_size: int) -> Call:
         nccl, comm, sp = self._nccl, self._comm, self._stream.ptr
         dt = getattr(nccl, _NCCL_TYPES[b.send.dtype.name])
-        send, recv, s = b.send.data.ptr, b.recv.data.ptr, nccl.NCCL_SUM
+        dev: Any = b  # under -B nccl the Buffers hold cupy arrays: `.data.ptr` is a device pointer
+        send, recv, s = dev.send.data.ptr, dev.recv.data.ptr, nccl.NCCL_SUM
         if op == "all_reduce":
             return lambda: comm.allReduce(recv, recv, b.recv.size, dt, s, sp)
         if op == "broadcast":
