@@ -18,8 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the modules whose public names the API reference documents (docs/api/)
-MODULES = ("procgroup", "procgroup.backend", "procgroup.remote", "procgroup.testing", "procgroup.utils",
-           "procgroup.utils.comm")
+MODULES = ("procgroup", "procgroup.errors", "procgroup.rendezvous", "procgroup.backend", "procgroup.remote",
+           "procgroup.testing", "procgroup.utils", "procgroup.utils.comm")
 
 pytestmark = pytest.mark.timeout(900)
 
