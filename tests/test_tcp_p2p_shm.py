@@ -429,6 +429,52 @@ def test_one_call_eager_write_matches_the_two_step_write_and_refuses_a_full_ring
     assert not reader.writer_waits()
 
 
+def test_small_writes_and_takes_match_the_general_records_and_leave_the_rest() -> None:
+    """RingWriter.put_small lays records out byte for byte as put does (pads included);
+    RingReader.take_small copies a record of the wanted tag, dtype and size into a NumPy
+    array and consumes it, and leaves any other record (another tag, size or dtype, a
+    pad) in the ring, untouched, for next() to read."""
+    import random
+
+    from procgroup_tcp._ring import CTRL_BYTES, HEADER_BYTES, K_EAGER, SMALL_BYTES, RingReader, RingWriter
+
+    capacity = 1 << 14
+    one, two = memoryview(bytearray(CTRL_BYTES + capacity)), memoryview(bytearray(CTRL_BYTES + capacity))
+    small, general, reader = RingWriter(one, 0, capacity), RingWriter(two, 0, capacity), RingReader(one, 0, capacity)
+    rng = random.Random(5)
+    took = left = pads = 0
+    for i in range(4000):
+        nbytes = rng.choice([0, 4, 8, 12, 40, 100, 1000, SMALL_BYTES])
+        payload = np.full(nbytes // 4, i, dtype=np.int32).tobytes()
+        assert small.put_small(b"i", i, bytes(32), payload)
+        assert general.put(K_EAGER, b"i", i, bytes(32), memoryview(payload))
+        assert one[CTRL_BYTES:] == two[CTRL_BYTES:] and small._tail == general._tail, i
+        into = np.zeros(nbytes // 4, dtype=np.int32)
+        if i % 3 == 0:  # asks for something else: the record stays
+            wrong = rng.choice([(i + 1, b"i", nbytes), (i, b"f", nbytes), (i, b"i", nbytes + 4)])
+            assert reader.take_small(wrong[0], wrong[1], np.zeros(wrong[2] // 4, np.int32), wrong[2]) == 0
+            kind, code, tag, got, _, at, n = reader.next()
+            assert (kind, code, tag, got, bytes(reader.data[at : at + n])) == (K_EAGER, b"i", i, nbytes, payload)
+            reader.consume(at, n)
+            left += 1
+        elif reader.take_small(i, b"i", into, nbytes) == 1:
+            assert into.tobytes() == payload
+            took += 1
+        else:  # only a pad before it (the ring's end) sends it the general way
+            assert reader.head % capacity + HEADER_BYTES + nbytes > capacity, i
+            kind, code, tag, got, _, at, n = reader.next()  # skips the pad
+            assert (kind, tag, bytes(reader.data[at : at + n])) == (K_EAGER, i, payload)
+            reader.consume(at, n)
+            pads += 1
+        two[:CTRL_BYTES] = one[:CTRL_BYTES]  # the general writer sees the same head
+    assert reader.take_small(0, b"i", np.zeros(2, np.int32), 8) == 0  # nothing left
+    assert took > 2000 and left > 1000 and pads > 10
+    assert small.put_small(b"i", 7, bytes(32), bytes(8))
+    small.waiting(True)
+    assert reader.take_small(7, b"i", np.zeros(2, np.int32), 8) == 2  # the sender waits for space
+    small.waiting(False)
+
+
 def _direct_receives(rank: int, size: int) -> dict[str, Any]:
     """Blocking receives from the same-host peer: taken from the ring directly when the
     message is next, else (another tag first, a message that comes after the spin, a

@@ -54,16 +54,16 @@ from ._ring import (
     K_MORE,
     K_RTS,
     RTS,
+    SMALL_BYTES,
     RingCorrupt,
     RingReader,
     RingWriter,
     ring_bytes,
 )
 from ._shm import host_identity, shm_possible
-from ._wire import NO_FP, check_size
+from ._wire import DTYPE_CODES, NO_FP, byte_view, check_size, dtype_code
 
 log = logging.getLogger(__name__)
-_perf = time.perf_counter
 
 #: PROCGROUP_TCP_SHM_P2P=0 (or the channel option ``shm_p2p=False``) keeps p2p on the sockets.
 ENV_SHM_P2P = "PROCGROUP_TCP_SHM_P2P"
@@ -422,27 +422,43 @@ class ShmP2P:
         landing.finish(src)
         return ACK_OK
 
-    def recv_direct(self, src: int, view: memoryview, dtype: np.dtype, tag: int) -> int:
-        """A blocking receive from same-host peer ``src`` that nothing posted or queued
-        before it could claim (the channel checked that, and that ``tag`` is not a
-        collective's): when ``src``'s next record is this small message, it is copied from
-        the ring straight into ``view``, with no posting and no matching. It waits at
-        most the spin time for the record; -1 when it took nothing (another record comes
-        first, another thread is draining, the spin ran out): the caller then posts the
-        receive and waits the general way, which drains every ring and sees failures.
-        A size or dtype mismatch consumes the record and raises, as a posted receive would."""
+    def recv_direct(self, src: int, array: np.ndarray, tag: int) -> int:
+        """A blocking receive into ``array`` (a C-contiguous NumPy array) from same-host peer
+        ``src`` that nothing posted or queued before it could claim (the channel checked
+        that, and that ``tag`` is not a collective's): when ``src``'s next record is this
+        small message, it is copied from the ring straight into ``array``, with no posting
+        and no matching. It waits at most the spin time for the record; -1 when it took
+        nothing (another record comes first, another thread is draining, the spin ran out):
+        the caller then posts the receive and waits the general way, which drains every
+        ring and sees failures. A size or dtype mismatch consumes the record and raises, as
+        a posted receive would."""
         link = self.inbound.get(src)
         if link is None or not self._rlock.acquire(False):
             return -1
         try:
-            r = link.reader
             if self._closed:
                 return -1
+            r = link.reader
+            n = array.nbytes
+            if n <= SMALL_BYTES:
+                # the common case in one call: header checked, payload packed into the array
+                dtype = array.dtype
+                code = DTYPE_CODES.get(dtype) or dtype_code(dtype)
+                try:
+                    got = r.take_small(tag, code, array, n)
+                    if not got and r.spin(self._spin):
+                        got = r.take_small(tag, code, array, n)
+                except (TypeError, ValueError, BufferError):  # not a writable contiguous buffer
+                    got = 0
+                if got:
+                    if got == 2:  # the sender waits for the space this freed
+                        self.out[src].bell.ring()
+                    return src
+            elif not r.spin(self._spin):
+                return -1
             if not r.has_record():
-                end = _perf() + self._spin
-                while not r.has_record():
-                    if _perf() >= end:
-                        return -1
+                return -1
+            view = byte_view(array)
             try:
                 kind, dtype_char, rtag, nbytes, _, at, n = r.next()
                 if kind != K_EAGER or rtag != tag:
@@ -452,7 +468,7 @@ class ShmP2P:
             except RingCorrupt as exc:
                 raise self._broken(link, exc) from None
             try:
-                check_size(nbytes, dtype_char, view, dtype, link.global_rank)
+                check_size(nbytes, dtype_char, view, array.dtype, link.global_rank)
                 if n:
                     view[:] = r.data[at : at + n]
             finally:
@@ -464,6 +480,22 @@ class ShmP2P:
             self._rlock.release()
 
     # ------------------------------------------------------------------ sending
+    def send_small(self, link: OutLink, payload: bytes, tag: int, dtype_char: bytes, fp: bytes) -> bool:
+        """A blocking send of at most ``SMALL_BYTES`` given as bytes (a copy of the caller's
+        array, so it is done once written): True once written, False when it must go the
+        general way (sends queued before it, no ring space, the channel closed)."""
+        if link.queue:
+            return False
+        lock = link.lock
+        lock.acquire()  # cheaper than ``with`` on this path
+        try:
+            if self._closed or link.queue or not link.writer.put_small(dtype_char, tag, fp, payload):
+                return False
+        finally:
+            lock.release()
+        link.bell.ring()
+        return True
+
     def send(self, link: OutLink, view: memoryview, tag: int, dtype_char: bytes, fp: bytes) -> None:
         """A blocking send: returns once ``view`` may be reused."""
         if view.nbytes <= EAGER_BYTES and not link.queue:  # the common case, _start's first branch inline

@@ -17,6 +17,13 @@ bounds before it is used (:class:`RingReader.next`).
 from __future__ import annotations
 
 import struct
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+_perf = time.perf_counter
 
 #: the control block: tail (sender) at 0, head (receiver) at 64, ack slots from 128, the
 #: sender's "waiting for space" flag at 2560 (after the last ack slot, a cache line of its own)
@@ -31,6 +38,29 @@ RECORD = struct.Struct("<BcHIQQ32s")
 HEADER_BYTES = RECORD.size
 # a rendezvous record's body: the sender's buffer address and the send's number
 RTS = struct.Struct("<QQ")
+# the header without its fingerprint: what a direct receive reads (it expects none)
+_HEAD = struct.Struct("<BcHIQQ")
+#: a small message's payload is packed with its header (``RingWriter.put_small``) and unpacked
+#: (``RingReader.take_small``) by a struct of its size: one call each, where memoryview slices
+#: cost several times as much
+SMALL_BYTES = 4096
+_RECORDS: dict[int, struct.Struct] = {}  # payload bytes -> header + payload, filled on first use
+_PAYLOADS: dict[int, struct.Struct] = {}  # payload bytes -> payload alone
+
+
+def _record_struct(n: int) -> struct.Struct:
+    st = _RECORDS.get(n)
+    if st is None:
+        st = _RECORDS[n] = struct.Struct(f"<BcHIQQ32s{n}s")
+    return st
+
+
+def payload_struct(n: int) -> struct.Struct:
+    """The struct of ``n`` payload bytes (cached): packs into and unpacks from any buffer."""
+    st = _PAYLOADS.get(n)
+    if st is None:
+        st = _PAYLOADS[n] = struct.Struct(f"{n}s")
+    return st
 
 K_PAD = 1  # nothing here: go on at offset 0
 K_EAGER = 2  # a whole message
@@ -131,6 +161,30 @@ class RingWriter:
         self._words[_TAIL_WORD] = tail + need  # after the record: the reader may take it now
         return True
 
+    def put_small(self, dtype_char: bytes, tag: int, fp: bytes, payload: bytes) -> bool:
+        """:meth:`put` of an eager message of at most ``SMALL_BYTES`` given as bytes: header
+        and payload packed in one call (the 8 B message's path)."""
+        cap = self.capacity
+        tail = self._tail
+        pos = tail % cap
+        n = len(payload)
+        span = (HEADER_BYTES + n + 7) & ~7
+        pad = pos + span > cap
+        start = 0 if pad else pos
+        end = start + span
+        need = (cap - pos if pad else 0) + (cap if cap - end < HEADER_BYTES else end) - start
+        if tail + need - self._head > cap:
+            self._head = self._words[_HEAD_WORD]
+            if tail + need - self._head > cap:
+                return False
+        st = _RECORDS.get(n) or _record_struct(n)
+        if pad:
+            RECORD.pack_into(self._data, pos, K_PAD, b"B", 0, cap - pos, 0, 0, b"")
+        st.pack_into(self._data, start, K_EAGER, dtype_char, 0, HEADER_BYTES + n, tag, n, fp, payload)
+        self._tail = tail + need
+        self._words[_TAIL_WORD] = tail + need  # after the record: the reader may take it now
+        return True
+
     def waiting(self, flag: bool) -> None:
         """Tell the reader whether this sender waits for ring space (it then rings the
         sender's doorbell as it frees some; otherwise a drain of small records does not)."""
@@ -160,6 +214,22 @@ class RingReader:
         self._tail = self._words[_TAIL_WORD]
         return self._tail != self.head
 
+    def spin(self, seconds: float) -> bool:
+        """Poll the tail word for up to ``seconds`` until a record is published: True when
+        one is (one word read and a clock read per poll, no call into the ring)."""
+        head = self.head
+        if self._tail != head:
+            return True
+        words = self._words
+        end = _perf() + seconds
+        while True:
+            tail = words[_TAIL_WORD]
+            if tail != head:
+                self._tail = tail
+                return True
+            if _perf() >= end:
+                return False
+
     def next(self) -> tuple[int, bytes, int, int, bytes, int, int]:
         """(kind, dtype char, tag, message bytes, fingerprint, payload offset, payload bytes)
         of the next record; call :meth:`consume` once its payload has been copied."""
@@ -180,6 +250,38 @@ class RingReader:
         if kind not in _KINDS or reclen < HEADER_BYTES or pos + reclen > self.capacity or _span(reclen) > avail:
             raise RingCorrupt(f"a record of kind {kind} and {reclen} bytes at offset {pos} ({avail} bytes published)")
         return kind, dtype_char, tag, nbytes, fp, pos + HEADER_BYTES, reclen - HEADER_BYTES
+
+    def take_small(self, tag: int, dtype_char: bytes, into: Buffer, n: int) -> int:
+        """Copy the next record into ``into`` (a writable contiguous buffer of ``n`` bytes,
+        at most ``SMALL_BYTES``) and consume it, when it is an eager message of tag ``tag``,
+        dtype ``dtype_char`` and exactly ``n`` bytes: 1 (2 when the sender waits for ring
+        space). 0 when there is no record, or the next one is anything else (a pad, another
+        tag or size, a broken record): it stays, for :meth:`next` to read and judge."""
+        head = self.head
+        tail = self._tail
+        if tail == head:
+            tail = self._tail = self._words[_TAIL_WORD]
+            if tail == head:
+                return 0
+        cap = self.capacity
+        pos = head % cap
+        if tail - head > cap or pos + HEADER_BYTES > cap:
+            return 0
+        kind, dchar, _, reclen, rtag, nbytes = _HEAD.unpack_from(self.data, pos)
+        end = pos + reclen
+        if (kind != K_EAGER or rtag != tag or nbytes != n or reclen != HEADER_BYTES + n or dchar != dtype_char
+                or end > cap or ((reclen + 7) & ~7) > tail - head):
+            return 0
+        if n:
+            st = _PAYLOADS.get(n) or payload_struct(n)
+            st.pack_into(into, 0, st.unpack_from(self.data, pos + HEADER_BYTES)[0])
+        end = (end + 7) & ~7
+        if cap - end < HEADER_BYTES:
+            end = cap
+        self.head = head = head + end - pos
+        words = self._words
+        words[_HEAD_WORD] = head
+        return 2 if words[_WAITS_WORD] else 1
 
     def consume(self, payload_at: int, payload_len: int) -> None:
         """The record whose payload starts at ``payload_at`` is done: give its space back."""
@@ -210,8 +312,10 @@ __all__ = [
     "K_MORE",
     "K_RTS",
     "RTS",
+    "SMALL_BYTES",
     "RingCorrupt",
     "RingReader",
     "RingWriter",
+    "payload_struct",
     "ring_bytes",
 ]

@@ -61,6 +61,7 @@ from ._heartbeat import Heartbeat, deadline_seconds
 from ._match import Matcher, PostedRecv
 from ._p2p import OutLink, ShmP2P, open_p2p
 from ._progress import TICK_S, Engine, quiet_seconds, spin_seconds
+from ._ring import SMALL_BYTES as SHM_SMALL_BYTES
 from ._scope import GroupScope, Scopes
 from ._strategies import SharedMemoryProgress, SocketProgress
 from ._shm import SharedMemoryArena, all_on_one_host, host_identity
@@ -293,17 +294,20 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
         peer = self._peers.get(dst)
         if peer is None or peer.state.left or self._failure is not None or self._closed or self._scopes.trouble:
             peer = self._peer(dst, tag)  # raises the error that fits
-        try:
-            view = memoryview(array).cast("B")  # byte_view, inline: on every message's path
-        except (TypeError, ValueError):
-            view = byte_view(array)
         dtype = array.dtype
         code = DTYPE_CODES.get(dtype) or dtype_code(dtype)
         if self._shm_out:
             link = self._shm_out.get(dst)
             if link is not None:
-                self._p2p.send(link, view, tag, code, self._fps.get(tag, NO_FP))  # type: ignore[union-attr]  # a link exists only with p2p
+                # a small message as a bytes copy: cheaper than a buffer view of the array
+                if array.nbytes <= SHM_SMALL_BYTES and self._p2p.send_small(link, array.tobytes(), tag, code, self._fps.get(tag, NO_FP)):  # type: ignore[union-attr]  # a link exists only with p2p
+                    return
+                self._p2p.send(link, byte_view(array), tag, code, self._fps.get(tag, NO_FP))  # type: ignore[union-attr]  # a link exists only with p2p
                 return
+        try:
+            view = memoryview(array).cast("B")  # byte_view, inline: on every message's path
+        except (TypeError, ValueError):
+            view = byte_view(array)
         peer.send(view, tag, code, self._fps.get(tag, NO_FP))
 
     def start_send(self, array: Any, dst: int, tag: int = 0) -> Work:
@@ -331,7 +335,7 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
             if (not m.posted and not m.unexpected and not m.dead and tag not in self._fps
                     and tag not in self._ledger.done and self._failure is None and not self._closed
                     and not self._scopes.trouble and not self._peers[src].state.left):
-                got = self._p2p.recv_direct(src, byte_view(array), array.dtype, tag)  # type: ignore[union-attr]  # a link exists only with p2p
+                got = self._p2p.recv_direct(src, array, tag)  # type: ignore[union-attr]  # a link exists only with p2p
                 if got >= 0:
                     return got
         peer = self._peers.get(src) if self._direct and src is not None else None
