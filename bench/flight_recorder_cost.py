@@ -3,12 +3,15 @@
 Two measurements:
 
 ``instr``: instructions per op, counted by callgrind (the same under any load). In one
-process, a one-rank tcp world (file:// rendezvous) calls ``dist.all_reduce`` on an 8 B
-float32 array; the world's fast-path callable is swapped between a no-op and the no-op
-recorded, and between the channel's own all_reduce unrecorded and recorded. Then two more
-processes call the world's fast path as it is, one with ``PROCGROUP_FLIGHT_RECORDER=0``,
-one with the recorder on. Each variant's loop runs inside ``exec()``, the only place
-callgrind collects, one dump each. Needs valgrind.
+process, a one-rank tcp world (file:// rendezvous) calls ``dist.all_reduce`` and
+``dist.send``/``dist.recv`` (to itself is refused, so the channel's send and recv are
+swapped for no-ops) on an 8 B float32 array: the world's fast path with the recorder
+(the op function writes the entry) and without it (the fast path's ``*_spec`` set to
+None: what ``PROCGROUP_FLIGHT_RECORDER=0`` gives), for the channel's own all_reduce and a
+no-op in its place. Then two more processes call ``dist.all_reduce`` on the world's fast
+path as it is, one with ``PROCGROUP_FLIGHT_RECORDER=0``, one with the recorder on. Each
+variant's loop runs inside ``exec()``, the only place callgrind collects, one dump each.
+Needs valgrind.
 
 ``ab``: ``procgroup-bench -np N --sizes 8`` with the recorder off
 (``PROCGROUP_FLIGHT_RECORDER=0``) and on, alternated, the order swapped every pair; prints
@@ -34,53 +37,78 @@ from typing import Any
 ENV_RING = "PROCGROUP_FLIGHT_RECORDER"
 
 
-def _variants() -> list[tuple[str, Any]]:
-    """(name, fast-path callable) pairs on an initialised one-rank world."""
-    from procgroup import _state
-    from procgroup.backend import _recorder
+def _variants(fast: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, op, FastPath fields to set) on an initialised one-rank world."""
 
-    group = _state.resolve(None)
-    channel = group.channel
+    def noop(array: Any, *args: Any) -> int:
+        return 0
 
-    def noop(array: Any, op: Any) -> None:
-        return None
-
-    real = channel._blocking("all_reduce", False)
+    real = fast.all_reduce
+    unrecorded = {"all_reduce_spec": None, "send_spec": None, "recv_spec": None}
     return [
-        ("no-op", noop),
-        ("no-op, recorded", _recorder.wrap(channel, "all_reduce", noop)),
-        ("all_reduce", real),
-        ("all_reduce, recorded", _recorder.wrap(channel, "all_reduce", real)),
+        ("all_reduce: a no-op, unrecorded", "all_reduce", dict(unrecorded, all_reduce=noop)),
+        ("all_reduce: a no-op, recorded", "all_reduce", {"all_reduce": noop}),
+        ("all_reduce: the channel's, unrecorded", "all_reduce", dict(unrecorded, all_reduce=real)),
+        ("all_reduce: the channel's, recorded", "all_reduce", {"all_reduce": real}),
+        ("send: a no-op, unrecorded", "send", dict(unrecorded, send=noop)),
+        ("send: a no-op, recorded", "send", {"send": noop}),
+        ("recv: a no-op, unrecorded", "recv", dict(unrecorded, recv=noop)),
+        ("recv: a no-op, recorded", "recv", {"recv": noop}),
     ]
 
 
 def _inner(calls: int, as_is: bool = False) -> None:
-    """Runs under callgrind: one exec() per variant (``as_is``: the world's own fast path
-    only, recorded or not as $PROCGROUP_FLIGHT_RECORDER says)."""
+    """Runs under callgrind: one exec() per variant (``as_is``: the world's own all_reduce
+    fast path only, recorded or not as $PROCGROUP_FLIGHT_RECORDER says)."""
     import numpy as np
 
     import procgroup as dist
-    from procgroup import _ops, _state
+    from procgroup import _state
 
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("tcp", init_method=f"file://{tmp}/rdv", rank=0, world_size=1)
         group = _state.resolve(None)
         fast = group.fast
         x = np.ones(2, dtype=np.float32)
-        all_reduce = dist.all_reduce
+        dist.all_reduce(x)  # the checked path lets (SUM, float32) through to the fast path
+        all_reduce, send, recv = dist.all_reduce, dist.send, dist.recv
 
-        def loop(n: int) -> None:
+        def all_reduce_loop(n: int) -> None:
             for _ in range(n):
                 all_reduce(x)
 
+        # the world's fast path sends to rank 1 of a one-rank world: its rank index is
+        # widened for these variants (the channel's send and recv are no-ops then)
+        def send_loop(n: int) -> None:
+            for _ in range(n):
+                send(x, 1)
+
+        def recv_loop(n: int) -> None:
+            for _ in range(n):
+                recv(x, 1)
+
+        loops = {"all_reduce": all_reduce_loop, "send": send_loop, "recv": recv_loop}
         names = []
-        variants = [("as is", fast.all_reduce)] if as_is else _variants()
-        for name, fn in variants:
-            group.fast = _ops._world_fast = fast._replace(all_reduce=fn)
+        variants = [("as is", "all_reduce", {})] if as_is else _variants(fast)
+        saved = {k: getattr(fast, k) for k in ("all_reduce", "send", "recv", "all_reduce_spec", "send_spec",
+                                               "recv_spec", "index", "ranks")}
+        if not as_is:
+            from procgroup import _ops
+
+            _ops._p2p_dtypes.add(x.dtype)  # as the checked path would after a first call
+        for name, op, fields in variants:
+            for k, v in saved.items():
+                setattr(fast, k, v)
+            if not as_is:
+                fast.index, fast.ranks = {0: 0, 1: 1}, (0, 1)
+            for k, v in fields.items():
+                setattr(fast, k, v)
+            loop = loops[op]
             loop(200)  # warm: caches, specialised bytecode
             exec("loop(calls)", {"loop": loop, "calls": calls})
             names.append(name)
-        group.fast = _ops._world_fast = fast
+        for k, v in saved.items():
+            setattr(fast, k, v)
         print("VARIANTS " + json.dumps(names), flush=True)
         dist.destroy_process_group()
 
@@ -109,8 +137,10 @@ def instr(calls: int) -> None:
     per_op = _count(calls, False, env)
     for name, n in per_op.items():
         print(f"{name:42s} {n:9,.0f} instructions/op")
-    print(f"recorder on a no-op: +{per_op['no-op, recorded'] - per_op['no-op']:,.0f}; "
-          f"on the real all_reduce: +{per_op['all_reduce, recorded'] - per_op['all_reduce']:,.0f}")
+    for op, callee in (("all_reduce", "a no-op"), ("all_reduce", "the channel's"), ("send", "a no-op"),
+                       ("recv", "a no-op")):
+        on, off = per_op[f"{op}: {callee}, recorded"], per_op[f"{op}: {callee}, unrecorded"]
+        print(f"the recorder on {op} ({callee}): +{on - off:,.0f}")
     on = _count(calls, True, env)["as is"]
     off = _count(calls, True, dict(env, **{ENV_RING: "0"}))["as is"]
     print(f"dist.all_reduce as is: recorder off {off:,.0f}, on {on:,.0f} instructions/op (+{on - off:,.0f})")

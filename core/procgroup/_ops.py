@@ -9,14 +9,16 @@ runs the op on the group's channel: ``channel.run`` when blocking, ``channel.sta
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple, cast
+import inspect
+import time
+from typing import Any, cast
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from . import _state
 from ._staging import Prepared, copy_back, prepare, prepare_list
-from .backend import MAX_USER_TAG, CompletedWork, DataChannel, MappedWork, Work
+from .backend import MAX_USER_TAG, CompletedWork, DataChannel, MappedWork, Work, _recorder
 from ._settings import timeout_seconds
 from .errors import CommTimeoutError, InvalidArgumentError, ProcGroupError, UnsupportedOperationError
 from .groups import Group, GroupArg
@@ -83,18 +85,44 @@ def _p2p(op: str, array: Any, rank: int | None, group: Any, tag: int,
 
 
 _ndarray = np.ndarray
+_ns = time.perf_counter_ns
+#: the value of a public op's first parameter when the caller did not pass it (then an
+#: older keyword spelling may carry it: the renaming path sorts that out)
+_MISSING: Any = object()
 
 
-class FastPath(NamedTuple):
+class FastPath:
     """A group's fast paths while its channel takes host arrays (``Group.fast``): the
-    channel's blocking callables, cached, and the rank translation."""
+    channel's blocking callables, cached, the rank translation, and what the op functions
+    need to write the flight recorder's entry themselves (procgroup.backend._recorder:
+    ``*_spec`` is None when the recorder is off or the callable records itself)."""
 
-    send: Callable[[Any, int, int], None]
-    recv: Callable[[Any, int | None, int], int]
-    all_reduce: Callable[[Any, ReduceOp], None]
-    index: dict[int, int]  # type: ignore[assignment]  # world rank -> group rank (a field, not tuple.index)
-    ranks: tuple[int, ...]  # group rank -> world rank
-    me: int  # this process's world rank
+    __slots__ = ("send", "recv", "all_reduce", "index", "ranks", "me", "channel", "append", "coll", "p2p",
+                 "send_spec", "recv_spec", "all_reduce_spec")
+
+    def __init__(self, g: Group) -> None:
+        channel: Any = g.channel
+        self.channel = channel
+        self.index: dict[int, int] = {r: i for i, r in enumerate(g.ranks)}  # world rank -> group rank
+        self.ranks: tuple[int, ...] = g.ranks  # group rank -> world rank
+        self.me: int = g.ranks[g.rank]  # this process's world rank
+        # the callables unrecorded: the op functions write the entry (one frame fewer per op)
+        self.send: Callable[[Any, int, int], None] = channel.blocking("send", recorded=False)
+        self.recv: Callable[[Any, int | None, int], int] = channel.blocking("recv", recorded=False)
+        uniform = channel.uniform_failure  # its all_reduce ends with the survivors' agreement
+        self.all_reduce: Callable[[Any, ReduceOp], None] = (
+            functools.partial(channel.run_uniform, "all_reduce") if uniform
+            else channel.blocking("all_reduce", recorded=False))
+        rec = _recorder.RECORDER
+        info = channel._flight_info
+        on = rec.size > 0
+        self.append = rec.ring.append
+        self.coll = info.coll_seq
+        self.p2p = info.p2p_seq
+        self.send_spec = (info, "send") if on else None
+        self.recv_spec = (info, "recv") if on else None
+        # run_uniform runs the op through the channel's own recorded callable
+        self.all_reduce_spec = (info, "all_reduce") if on and not uniform else None
 
 
 #: The world group's FastPath (set by bind_world), and the dtypes prepare() let through.
@@ -105,27 +133,15 @@ _p2p_dtypes: set[np.dtype] = set()
 def bind_group(g: Group) -> None:
     """Give ``g`` its fast paths (a member whose channel takes host arrays; all_reduce's
     ends with the survivors' agreement when the channel has ``uniform_failure``)."""
-    channel: Any = g.channel
-    all_reduce_fast = (functools.partial(channel.run_uniform, "all_reduce") if channel.uniform_failure
-                       else _recorded(channel, "all_reduce"))
-    g.fast = FastPath(_recorded(channel, "send"), _recorded(channel, "recv"), all_reduce_fast,
-                      {r: i for i, r in enumerate(g.ranks)}, g.ranks, g.ranks[g.rank])
+    g.fast = FastPath(g)
 
 
-def _recorded(channel: Any, op: str) -> Callable[..., Any]:
-    """``channel``'s blocking callable of ``op`` (recorded by the flight recorder), for a
-    fast path."""
-    return channel.blocking(op)
-
-
-def _fast(group: Any, array: Any, tag: Any, receiving: bool) -> FastPath | None:
-    """The group's FastPath when the call may skip member/prepare (what they check, for a
-    native NumPy array of a dtype prepare() has already let through), else None."""
-    f = _world_fast if group is None else group.fast if type(group) is Group else None
-    if (f is not None and type(array) is _ndarray and type(tag) is int and 0 <= tag < MAX_USER_TAG
-            and array.dtype in _p2p_dtypes and (array.flags.carray if receiving else array.flags.c_contiguous)):
-        return f
-    return None
+def _fast_failed(f: FastPath, entry: tuple[Any, ...], exc: BaseException, op: str, group: Any) -> None:
+    """A fast path's op raised: the flight recorder notes it (and explains a procgroup
+    error), then the error is prefixed with the op and group as on the checked path."""
+    _recorder.failed(f.channel, entry, exc)
+    if isinstance(exc, ProcGroupError):
+        _name_op(exc, op, _state.resolve(group))
 
 
 def _remember_dtype(p: Prepared) -> None:
@@ -133,19 +149,35 @@ def _remember_dtype(p: Prepared) -> None:
         _p2p_dtypes.add(p.dtype)
 
 
-@torch_names({"array": "tensor"})
-def send(tensor: Any, dst: int | None = None, group: GroupArg = None, tag: int = 0, group_dst: int | None = None) -> None:
+def _renaming(body: Callable[..., Any], name: str, aliases: dict[str, str]) -> Callable[..., Any]:
+    """``body`` (a public op's checked path, with torch's signature) accepting procgroup's
+    older keyword spellings ``aliases``, for calls that use them (torch_names)."""
+    body.__name__ = body.__qualname__ = name  # what torch_names' errors call it
+    return torch_names(aliases)(body)
+
+
+def _public(fn: Callable[..., Any], body: Callable[..., Any], aliases: dict[str, str]) -> None:
+    """Make ``fn`` (a public op whose fast path comes first, taking older spellings through
+    ``**_aliases``) look like ``body``: torch's signature, the docstring, the aliases."""
+    fn.__signature__ = inspect.signature(body)  # type: ignore[attr-defined]  # read by inspect
+    fn.__doc__ = body.__doc__
+    fn.__procgroup_aliases__ = dict(aliases)  # type: ignore[attr-defined]  # read back by the docs and tests
+
+
+def _given(tensor: Any) -> tuple[Any, ...]:
+    return () if tensor is _MISSING else (tensor,)
+
+
+# Each public op below that has a fast path (send, recv, all_reduce: the calls whose fixed
+# cost decides small-message latency) is written as one function, with no decorator's
+# frame: for a native NumPy array of a dtype prepare() has already let through, it does
+# what member/prepare check inline, writes the flight recorder's entry (the local
+# ``entry``: _recorder.holds_entry) and calls the channel; anything else takes the checked
+# path (``_send`` ...), through torch_names when an older keyword spelling is used.
+def _send(tensor: Any, dst: int | None = None, group: GroupArg = None, tag: int = 0,
+          group_dst: int | None = None) -> None:
     """Send ``tensor`` to world rank ``dst`` (or group rank ``group_dst``); blocks until the
     buffer may be reused."""
-    f = _fast(group, tensor, tag, False)
-    peer = f.index.get(dst) if f is not None and type(dst) is int and dst != f.me and group_dst is None else None
-    if peer is not None:
-        try:
-            f.send(tensor, peer, tag)  # type: ignore[union-attr]  # peer is None only when f is None
-        except ProcGroupError as exc:
-            _name_op(exc, "send", _state.resolve(group))
-            raise
-        return
     found = _p2p("send", tensor, dst, group, tag, group_dst)
     if found is None:
         return
@@ -158,19 +190,43 @@ def send(tensor: Any, dst: int | None = None, group: GroupArg = None, tag: int =
     _remember_dtype(p)
 
 
-@torch_names({"array": "tensor"})
-def recv(tensor: Any, src: int | None = None, group: GroupArg = None, tag: int = 0, group_src: int | None = None) -> int:
+_send_renaming = _renaming(_send, "send", {"array": "tensor"})
+
+
+def send(tensor: Any = _MISSING, dst: int | None = None, group: GroupArg = None, tag: int = 0,
+         group_dst: int | None = None, **_aliases: Any) -> None:
+    f = _world_fast if group is None else group.fast if type(group) is Group else None
+    if (f is not None and type(tensor) is _ndarray and type(dst) is int and type(tag) is int
+            and 0 <= tag < MAX_USER_TAG and group_dst is None and not _aliases):
+        dtype = tensor.dtype
+        peer = f.index.get(dst)
+        if peer is not None and dst != f.me and dtype in _p2p_dtypes and tensor.flags.c_contiguous:
+            spec = f.send_spec
+            if spec is None:
+                try:
+                    f.send(tensor, peer, tag)
+                except ProcGroupError as exc:
+                    _name_op(exc, "send", _state.resolve(group))
+                    raise
+                return
+            entry = (spec, next(f.p2p), peer, tensor.nbytes, dtype, _ns())
+            f.append(entry)
+            try:
+                f.send(tensor, peer, tag)
+            except BaseException as exc:
+                _fast_failed(f, entry, exc, "send", group)
+                raise
+            return
+    if _aliases or tensor is _MISSING:
+        return _send_renaming(*_given(tensor), dst=dst, group=group, tag=tag, group_dst=group_dst,
+                              **_aliases)
+    return _send(tensor, dst, group, tag, group_dst)
+
+
+def _recv(tensor: Any, src: int | None = None, group: GroupArg = None, tag: int = 0,
+          group_src: int | None = None) -> int:
     """Receive into ``tensor`` from world rank ``src`` (or group rank ``group_src``; any rank
     when neither is given); returns the sender's world rank (-1 on a non-member, as torch)."""
-    f = _fast(group, tensor, tag, True) if group_src is None else None
-    if f is not None:
-        peer = None if src is None else f.index.get(src) if type(src) is int and src != f.me else -1
-        if peer != -1:
-            try:
-                return f.ranks[f.recv(tensor, peer, tag)]
-            except ProcGroupError as exc:
-                _name_op(exc, "recv", _state.resolve(group))
-                raise
     found = _p2p("recv", tensor, src, group, tag, group_src)
     if found is None:
         return -1
@@ -185,6 +241,42 @@ def recv(tensor: Any, src: int | None = None, group: GroupArg = None, tag: int =
         then()
     _remember_dtype(p)
     return g.global_rank(sender)
+
+
+_recv_renaming = _renaming(_recv, "recv", {"array": "tensor"})
+
+
+def recv(tensor: Any = _MISSING, src: int | None = None, group: GroupArg = None, tag: int = 0,
+         group_src: int | None = None, **_aliases: Any) -> int:
+    f = _world_fast if group is None else group.fast if type(group) is Group else None
+    if (f is not None and type(tensor) is _ndarray and type(tag) is int and 0 <= tag < MAX_USER_TAG
+            and group_src is None and not _aliases):
+        dtype = tensor.dtype
+        # None: any source; -1: not one of the group's other ranks (the checked path says so)
+        peer = None if src is None else f.index.get(src, -1) if type(src) is int and src != f.me else -1
+        if peer != -1 and dtype in _p2p_dtypes and tensor.flags.carray:
+            spec = f.recv_spec
+            if spec is None:
+                try:
+                    return f.ranks[f.recv(tensor, peer, tag)]
+                except ProcGroupError as exc:
+                    _name_op(exc, "recv", _state.resolve(group))
+                    raise
+            entry = (spec, next(f.p2p), peer, tensor.nbytes, dtype, _ns())
+            f.append(entry)
+            try:
+                return f.ranks[f.recv(tensor, peer, tag)]
+            except BaseException as exc:
+                _fast_failed(f, entry, exc, "recv", group)
+                raise
+    if _aliases or tensor is _MISSING:
+        return _recv_renaming(*_given(tensor), src=src, group=group, tag=tag, group_src=group_src,
+                              **_aliases)
+    return _recv(tensor, src, group, tag, group_src)
+
+
+_public(send, _send, {"array": "tensor"})
+_public(recv, _recv, {"array": "tensor"})
 
 
 @torch_names({"array": "tensor"})
@@ -235,33 +327,59 @@ def bind_world(world: Group | None) -> None:
     _world_fast = None if world is None else world.fast
 
 
-@torch_names({"array": "tensor"})
-def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: GroupArg = None, async_op: bool = False) -> Work | None:
+def _all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: GroupArg = None,
+                async_op: bool = False) -> Work | None:
     """Reduce every member's tensor with ``op``; each gets the result in place."""
-    array = tensor
-    f = _world_fast if group is None else group.fast if type(group) is Group else None
-    if f is not None and not async_op and type(array) is _ndarray:
-        # what member/prepare/check_op_dtype check, for an all_reduce of a NumPy
-        # array: a checked (op, dtype), C-contiguous, aligned and writeable ("carray")
-        try:
-            known = array.dtype in _reduce_checked[op]
-        except (KeyError, TypeError):  # a new or unhashable op: the slow path checks it
-            known = False
-        if known and array.flags.carray:
-            try:
-                f.all_reduce(array, op)
-            except ProcGroupError as exc:
-                _name_op(exc, "all_reduce", _state.resolve(group))
-                raise
-            return None
     g = member_or_none(group, "all_reduce")
     if g is None:
         return None
-    p = prepare(g, array, "tensor", "all_reduce", writable=True)
+    p = prepare(g, tensor, "tensor", "all_reduce", writable=True)
     check_op_dtype(op, p.dtype)
     if type(p.original) is np.ndarray and p.native is p.original:
         _reduce_checked[op].add(p.dtype)
     return _execute(g, "all_reduce", (p.native, op), [p], async_op)
+
+
+_all_reduce_renaming = _renaming(_all_reduce, "all_reduce", {"array": "tensor"})
+
+
+def all_reduce(tensor: Any = _MISSING, op: ReduceOp = ReduceOp.SUM, group: GroupArg = None,
+               async_op: bool = False, **_aliases: Any) -> Work | None:
+    f = _world_fast if group is None else group.fast if type(group) is Group else None
+    if f is not None and not async_op and type(tensor) is _ndarray and not _aliases:
+        # what member/prepare/check_op_dtype check, for an all_reduce of a NumPy
+        # array: a checked (op, dtype), C-contiguous, aligned and writeable ("carray")
+        dtype = tensor.dtype
+        try:
+            known = dtype in _reduce_checked[op]
+        except (KeyError, TypeError):  # a new or unhashable op: the checked path checks it
+            known = False
+        if known and tensor.flags.carray:
+            spec = f.all_reduce_spec
+            if spec is None:
+                try:
+                    f.all_reduce(tensor, op)
+                except ProcGroupError as exc:
+                    _name_op(exc, "all_reduce", _state.resolve(group))
+                    raise
+                return None
+            entry = (spec, next(f.coll), None, tensor.nbytes, dtype, _ns())
+            f.append(entry)
+            try:
+                f.all_reduce(tensor, op)
+            except BaseException as exc:
+                _fast_failed(f, entry, exc, "all_reduce", group)
+                raise
+            return None
+    if _aliases or tensor is _MISSING:
+        return _all_reduce_renaming(*_given(tensor), op=op, group=group, async_op=async_op,
+                                    **_aliases)
+    return _all_reduce(tensor, op, group, async_op)
+
+
+_public(all_reduce, _all_reduce, {"array": "tensor"})
+for _fn in (send, recv, all_reduce):
+    _recorder.holds_entry(_fn)
 
 
 @torch_names({"array": "tensor"})

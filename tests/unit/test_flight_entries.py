@@ -75,7 +75,13 @@ def _wait_past_the_spin(array: Any, op: Any) -> None:
     """An op whose wait goes past its fast spin: its condition holds only once the entry
     names a caller, which the wait's slow path makes it do (else the wait times out)."""
     entry = _recorder.RECORDER.ring[-1]
-    poll(lambda: entry[_recorder._CODE] is not None, 5.0, what="unit")
+    poll(lambda: _named(entry), 5.0, what="unit")
+
+
+def _named(entry: tuple[Any, ...]) -> bool:
+    """Whether the record has named ``entry``'s caller (in its note)."""
+    note = _recorder.RECORDER.notes.get((entry[0], entry[1]))
+    return note is not None and note[_recorder._N_CODE] is not None
 
 
 def test_an_op_that_waits_names_its_caller(recorder: _recorder.Recorder) -> None:
@@ -160,3 +166,51 @@ def test_an_unrecorded_callable_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch
         return None
 
     assert _recorder.wrap(_channel(), "all_reduce", fn) is fn
+
+
+def _op_function(channel: Any, fn: Callable[[Any], Any], array: Any) -> Any:
+    """An op function that writes its entry itself, as the op layer's fast paths do
+    (_recorder.holds_entry): the local ``entry`` is what the recorder finds on its frame."""
+    info = channel._flight_info
+    entry = ((info, "all_reduce"), next(info.coll_seq), None, array.nbytes, array.dtype, _recorder._ns())
+    _recorder.RECORDER.ring.append(entry)
+    try:
+        return fn(array)
+    except BaseException as exc:
+        _recorder.failed(channel, entry, exc)
+        raise
+
+
+_recorder.holds_entry(_op_function)
+
+
+def test_an_op_function_that_holds_its_entry(recorder: _recorder.Recorder) -> None:
+    channel = _channel()
+    seen: list[dict[str, Any]] = []
+    _op_function(channel, lambda a: seen.extend(_recorder.snapshot()), np.zeros(2, dtype=np.int16))  # MARK-holder
+    # while it ran: waiting, its caller named from the stack; afterwards done, nothing
+    # written on the op path after the entry
+    assert (seen[0]["state"], seen[0]["seq"], seen[0]["bytes"], seen[0]["dtype"], seen[0]["line"]) == (
+        "waiting", 1, 4, "int16", _line_of("# MARK-holder"))
+    done, = _recorder.snapshot()
+    assert (done["state"], done["line"], done["end"]) == ("done", _line_of("# MARK-holder"), None)
+
+    def broken(a: Any) -> None:
+        raise ValueError("lost")
+
+    with pytest.raises(ValueError):
+        _op_function(channel, broken, np.zeros(1))  # MARK-holder-failed
+    failed = _recorder.snapshot()[-1]
+    assert (failed["state"], failed["seq"], failed["error"], failed["line"]) == (
+        "failed", 2, "ValueError: lost", _line_of("# MARK-holder-failed"))
+    assert failed["end"] >= failed["start"]
+
+
+def test_notes_stay_bounded(recorder: _recorder.Recorder) -> None:
+    """Notes (slow, failed, issued ops) of entries that left the ring are dropped."""
+    start = _recorder.wrap(_channel(), "broadcast", lambda a, root: _Pending(), started=True)
+    works = [start(np.zeros(1), 0) for _ in range(200)]
+    assert len(recorder.notes) <= 2 * recorder.size + 64
+    assert [e["state"] for e in _recorder.snapshot()] == ["issued"] * recorder.size
+    del works[:]  # a Work that is gone completed
+    assert {e["state"] for e in _recorder.snapshot()} == {"done"}

@@ -231,12 +231,14 @@ class DataChannel(abc.ABC):  # noqa: B024 - send/recv are required in either of 
 
         return start_op
 
-    def blocking(self, op: str, *, unchecked: bool = False) -> Callable[..., Any]:
+    def blocking(self, op: str, *, unchecked: bool = False, recorded: bool = True) -> Callable[..., Any]:
         """The fastest callable that runs ``op`` to completion; the core caches it for
         small messages (its cost is the fixed cost of every blocking call, the flight
         recorder's entry included). With PROCGROUP_DEBUG=DETAIL a collective's callable
-        checks first (unless ``unchecked``)."""
-        return _recorder.wrap(self, op, self._blocking(op, unchecked))
+        checks first (unless ``unchecked``). ``recorded=False``: without the flight
+        recorder's entry, for a caller that writes it itself (``_recorder.holds_entry``)."""
+        fn = self._blocking(op, unchecked)
+        return _recorder.wrap(self, op, fn) if recorded else fn
 
     def _blocking(self, op: str, unchecked: bool) -> Callable[..., Any]:
         """The callable behind :meth:`blocking` (unrecorded)."""

@@ -2,16 +2,20 @@
 
 Each op a caller starts on a :class:`~procgroup.backend.DataChannel` (the core's calls,
 an algorithm's collectives; not the point-to-point steps inside a collective, whose tags
-lie above the user tag space) passes once through :func:`wrap`, which writes one entry:
-the group, the op's number on it (collectives and point-to-point counted apart, so the
-collective numbers agree on every member), the op, root or peer, size and dtype, the
-state (issued, waiting, done, failed) and its start time. The entry is a plain list
-appended to a bounded deque, so the cost is a few attribute reads and one clock reading per
-op (measured in docs/debugging.md); anything that costs more (names, strings, line
-numbers, world ranks) is worked out only when the record is read. The caller's file and
-line (the first frame outside procgroup and the backend packages) are found only for an op
-that is slow: one that waits past its fast spin (:func:`waiting`), fails, or is still
-running when the record is read; an op that completed without waiting has none.
+lie above the user tag space) writes one entry, either through :func:`wrap` or, on the
+op layer's fast paths, by the op function itself (:func:`holds_entry`): the group, the
+op's number on it (collectives and point-to-point counted apart, so the collective numbers
+agree on every member), the op, root or peer, size and dtype, and its start time. The
+entry is one tuple appended to a bounded deque and never written again, so the cost is a
+counter, two attribute reads, one clock reading and one append per op (measured in
+docs/debugging.md); anything that costs more (names, strings, line numbers, world ranks,
+the state) is worked out only when the record is read. A blocking op's state is read from
+the threads' stacks: an op whose frame still holds its entry is waiting, any other is
+done. What only some ops get is a note beside the entry: a failure (its end time and
+error), an issued op (its Work, weakly), and the caller's file and line (the first frame
+outside procgroup and the backend packages), which are found only for an op that is
+slow: one that waits past its fast spin (:func:`waiting`), fails, or is still running
+when the record is read; an op that completed without waiting has none.
 
 :func:`snapshot` returns the entries as dicts; :func:`dump` adds the stacks of every
 thread (so a rank stuck outside procgroup shows where). A rank publishes its dump
@@ -25,6 +29,7 @@ procgroup-run (:func:`gather`); procgroup-run asks by signal instead (docs/debug
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import os
@@ -57,11 +62,17 @@ GATHER_SECONDS = 1.5
 DEPARTURE_WAIT_S = 0.3
 
 _P2P = frozenset(POINT_TO_POINT)
-#: entry fields (a list, for speed): _SPEC is (GroupInfo, op), fixed per wrapper; _T0 and _T1
-#: are perf_counter_ns readings; _CODE and _LINE (None until the op is found slow) hold the
-#: caller's code and instruction offset (f_lasti), made a line number when read; _T1 (end time) and
-#: _EXTRA (the error, or an issued op's Work) are appended only when an op fails or is issued
-_SPEC, _SEQ, _PEER, _NBYTES, _DTYPE, _STATE, _T0, _CODE, _LINE, _T1, _EXTRA = range(11)
+#: An entry is a tuple written once, when the op starts: (spec, seq, peer, nbytes, dtype,
+#: t0), where spec is (GroupInfo, op), fixed per call site, and t0 a perf_counter_ns
+#: reading. Nothing on an entry changes afterwards: a blocking op's state is read from the
+#: threads' stacks (an op whose frame still holds its entry is waiting; any other is done),
+#: and what only some ops get (a failure, an issued op's Work, the caller of a slow op) is
+#: a note beside it (:func:`_note`).
+_SPEC, _SEQ, _PEER, _NBYTES, _DTYPE, _T0 = range(6)
+#: a note's fields (a list): the state; the caller's code and instruction offset (None
+#: until named; the offset is made a line number when read); the end time (a failure's);
+#: the error text, or an issued op's Work (weakly)
+_N_STATE, _N_CODE, _N_LASTI, _N_T1, _N_EXTRA = range(5)
 STARTED, DONE, FAILED, ISSUED = 0, 1, 2, 3
 #: an entry's "caller" field when it names none (file, line and function are then None)
 CALLER_OMITTED = "omitted: the op completed without waiting"
@@ -86,10 +97,16 @@ def _ring_size() -> int:
         return DEFAULT_RING
 
 
-class GroupInfo:
-    """What the record says of one channel: names and world ranks, and its op counters."""
+def _taken(counter: Any) -> int:
+    """How many numbers an ``itertools.count(1)`` has given (its repr is ``count(N)``)."""
+    return int(repr(counter)[6:-1]) - 1
 
-    __slots__ = ("key", "group_id", "backend", "ranks", "rank", "coll", "p2p", "__weakref__")
+
+class GroupInfo:
+    """What the record says of one channel: names and world ranks, and its op counters
+    (``itertools.count`` objects: one C call per op gives the next number, atomically)."""
+
+    __slots__ = ("key", "group_id", "backend", "ranks", "rank", "coll_seq", "p2p_seq", "__weakref__")
 
     def __init__(self, key: str, group_id: int, backend: str, ranks: tuple[int, ...], rank: int) -> None:
         self.key = key
@@ -97,8 +114,18 @@ class GroupInfo:
         self.backend = backend
         self.ranks = ranks  # world rank of each channel rank
         self.rank = rank  # this process's channel rank
-        self.coll = 0  # collectives started on the channel
-        self.p2p = 0  # point-to-point calls started on it
+        self.coll_seq = itertools.count(1)  # numbers the collectives started on the channel
+        self.p2p_seq = itertools.count(1)  # numbers its point-to-point calls
+
+    @property
+    def coll(self) -> int:
+        """Collectives started on the channel."""
+        return _taken(self.coll_seq)
+
+    @property
+    def p2p(self) -> int:
+        """Point-to-point calls started on the channel."""
+        return _taken(self.p2p_seq)
 
     def world(self, rank: Any) -> Any:
         return self.ranks[rank] if isinstance(rank, int) and 0 <= rank < len(self.ranks) else rank
@@ -138,15 +165,45 @@ def add_own_package(module_name: str) -> None:
 
 _getframe = sys._getframe
 _ns = time.perf_counter_ns
-#: the names of wrap's three wrappers: a frame of one of them (in this file) holds its op's
-#: entry in the local ``entry``
-_WRAPPERS = frozenset({"call_p2p", "call_reduce", "call"})
+#: ids of the code objects whose frames hold the entry of the op they record in the local
+#: ``entry``: wrap's wrappers (below) and the op layer's fast paths (:func:`holds_entry`).
+#: Ids, not the code objects: hashing a code object walks its bytecode on every lookup,
+#: and these live as long as their functions, which are never freed
+_HOLDERS: set[int] = set()
 
 
-def _resolve(entry: list[Any], wrapper_frame: Any) -> None:
-    """Write into ``entry`` its caller: the first frame outward of ``wrapper_frame`` (the
-    op's wrapper) that is not procgroup's or a backend's (the outermost when all are)."""
-    if entry[_CODE] is not None:
+def holds_entry(fn: Callable[..., Any]) -> None:
+    """``fn`` writes entries itself (an op layer's fast path): while it runs, its local
+    ``entry`` (an entry tuple) is an op in progress, found there by :func:`waiting` and by
+    the readers of the record. ``fn`` must call :func:`failed` when its op raises."""
+    _HOLDERS.add(id(fn.__code__))
+
+
+def _note(entry: tuple[Any, ...]) -> list[Any]:
+    """The note beside ``entry`` (made on first use: an op that is slow, failed or issued)."""
+    notes = RECORDER.notes
+    key = (entry[_SPEC], entry[_SEQ])
+    note = notes.get(key)
+    if note is None:
+        if len(notes) >= 2 * RECORDER.size + 64:
+            _prune_notes()
+        note = notes.setdefault(key, [STARTED, None, None, 0, None])
+    return note
+
+
+def _prune_notes() -> None:
+    """Drop the notes of entries the ring no longer holds."""
+    kept = {(e[_SPEC], e[_SEQ]) for e in RECORDER.entries()}
+    notes = RECORDER.notes
+    for key in [k for k in list(notes) if k not in kept]:
+        notes.pop(key, None)
+
+
+def _resolve(entry: tuple[Any, ...], wrapper_frame: Any) -> None:
+    """Note as ``entry``'s caller the first frame outward of ``wrapper_frame`` (the frame
+    that records the op) that is not procgroup's or a backend's (the outermost when all are)."""
+    note = _note(entry)
+    if note[_N_CODE] is not None:
         return
     f = wrapper_frame.f_back
     if f is None:
@@ -157,20 +214,19 @@ def _resolve(entry: list[Any], wrapper_frame: Any) -> None:
         if not (own or (own is None and _classify(name))):
             break
         f = f.f_back
-    entry[_LINE] = f.f_lasti  # before the code: a reader that sees the code sees the line
-    entry[_CODE] = f.f_code
+    note[_N_LASTI] = f.f_lasti  # before the code: a reader that sees the code sees the line
+    note[_N_CODE] = f.f_code
 
 
-def _entry_of(frame: Any) -> list[Any] | None:
-    """The entry held by ``frame`` when it is one of wrap's wrappers recording an op."""
-    code = frame.f_code
-    if code.co_name not in _WRAPPERS or code.co_filename != __file__:
+def _entry_of(frame: Any) -> tuple[Any, ...] | None:
+    """The entry held by ``frame`` when it is one that records an op (a holder)."""
+    if id(frame.f_code) not in _HOLDERS:
         return None
     try:
         entry = frame.f_locals.get("entry")
     except Exception:  # noqa: BLE001 - a frame finishing meanwhile: nothing to name
         return None
-    return entry if isinstance(entry, list) else None
+    return entry if type(entry) is tuple and len(entry) == 6 else None
 
 
 def waiting() -> None:
@@ -188,20 +244,23 @@ def waiting() -> None:
         f = f.f_back
 
 
-def _resolve_running() -> None:
-    """Name the caller of every op some thread is still inside (read from the threads'
-    stacks): for a dump taken while an op waits without having passed through
-    :func:`waiting` (a backend whose wait does not call it)."""
+def _running() -> set[tuple[Any, int]]:
+    """The ops some thread is inside now (read from the threads' stacks), as (spec, seq)
+    keys; their callers are named on the way (for a dump taken while an op waits without
+    having passed through :func:`waiting`: a backend whose wait does not call it)."""
+    found = set()
     for top in sys._current_frames().values():
         f: Any = top
         while f is not None:
             entry = _entry_of(f)
             if entry is not None:
+                found.add((entry[_SPEC], entry[_SEQ]))
                 try:
                     _resolve(entry, f)
                 except Exception:  # noqa: BLE001 - best effort: the stack moved on
                     pass
             f = f.f_back
+    return found
 
 
 # ------------------------------------------------------------------ the ring
@@ -210,7 +269,9 @@ class Recorder:
 
     def __init__(self) -> None:
         self.size = 0
-        self.ring: collections.deque[list[Any]] = collections.deque(maxlen=0)
+        self.ring: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=0)
+        #: (spec, seq) -> note, for the entries that have one (_note)
+        self.notes: dict[tuple[Any, int], list[Any]] = {}
         self.configured = False
         self.world_rank: int | None = None
         self.groups: weakref.WeakSet[GroupInfo] = weakref.WeakSet()
@@ -227,11 +288,11 @@ class Recorder:
             self.ring = collections.deque(maxlen=self.size)
             self.configured = True
 
-    def entries(self) -> list[list[Any]]:
-        """The entries, oldest first (copies: the ring goes on changing)."""
+    def entries(self) -> list[tuple[Any, ...]]:
+        """The entries, oldest first (a copy: the ring goes on changing)."""
         while True:
             try:
-                return [list(e) for e in self.ring]
+                return list(self.ring)
             except RuntimeError:  # another thread appended meanwhile: read again
                 continue
 
@@ -250,13 +311,13 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
 
     This is on the path of every op, so it does only what is cheap at call time: the
     group's op number, the peer or root, size and dtype read from the array (never the
-    array kept: the ring must not hold the caller's memory), the state and one clock
-    reading (an int of nanoseconds); a completed op only flips its state, an int. The
-    caller is not looked up: a blocking op's caller is named only when the op turns out to
-    be slow, by its own thread (:func:`waiting`, from a wait's slow path; the failure path;
-    a dump taken while it runs, from the threads' stacks), so an op that completed without
-    waiting has none. An issued op (``started``) names its caller at once: once its start
-    returns, no stack leads to it.
+    array kept: the ring must not hold the caller's memory) and one clock reading, in one
+    tuple appended to the ring; a completed op writes nothing more (its frame is gone, so
+    it reads as done). The caller is not looked up: a blocking op's caller is named only
+    when the op turns out to be slow, by its own thread (:func:`waiting`, from a wait's
+    slow path; the failure path; a dump taken while it runs, from the threads' stacks), so
+    an op that completed without waiting has none. An issued op (``started``) names its
+    caller at once: once its start returns, no stack leads to it.
     """
     rec = RECORDER
     if rec.size == 0:
@@ -264,26 +325,24 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
     info = channel._flight_info
     append = rec.ring.append
     array_at, peer_at = _ARGS.get(op, (None, None))
-    failed = _failed
-    state0 = ISSUED if started else STARTED
     spec = (info, op)
     wrapper: Any  # one of the three below
 
     if op in _P2P:
+        seqs = info.p2p_seq  # numbered from 1: "the 5th all_reduce" is #5
+
         def call_p2p(array: Any, peer: Any = None, tag: int = 0) -> Any:
             if tag >= MAX_USER_TAG:  # a step of a collective, a group's translated call
                 return fn(array, peer, tag)
-            seq = info.p2p + 1  # numbered from 1: "the 5th all_reduce" is #5
-            info.p2p = seq
             try:
                 nbytes = array.nbytes
                 dtype = array.dtype
             except AttributeError:
                 nbytes, dtype = -1, None
-            entry = [spec, seq, peer, nbytes, dtype, state0, _ns(), None, None]
+            entry = (spec, next(seqs), peer, nbytes, dtype, _ns())
             append(entry)
             if started:
-                _resolve(entry, _getframe())
+                _issued(entry, _getframe())
             try:
                 result = fn(array, peer, tag)
             except BaseException as exc:
@@ -291,37 +350,33 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
                 raise
             if started:
                 _track(entry, result)
-            else:
-                entry[_STATE] = DONE
             return result
 
         wrapper = call_p2p
     elif op == "all_reduce" and not started:
         # all_reduce: (array, op), the latency-critical one (reduce_scatter's three
         # arguments take the general wrapper below)
+        seqs = info.coll_seq
+
         def call_reduce(array: Any, reduce_op: Any) -> Any:
-            seq = info.coll + 1
-            info.coll = seq
             try:
                 nbytes = array.nbytes
                 dtype = array.dtype
             except AttributeError:
                 nbytes, dtype = _list_shape(array)
-            entry = [spec, seq, None, nbytes, dtype, STARTED, _ns(), None, None]
+            entry = (spec, next(seqs), None, nbytes, dtype, _ns())
             append(entry)
             try:
-                result = fn(array, reduce_op)
+                return fn(array, reduce_op)
             except BaseException as exc:
                 failed(channel, entry, exc)
                 raise
-            entry[_STATE] = DONE
-            return result
 
         wrapper = call_reduce
     else:
+        seqs = info.coll_seq
+
         def call(*args: Any) -> Any:
-            seq = info.coll + 1
-            info.coll = seq
             if array_at is not None and array_at < len(args):
                 x = args[array_at]
                 try:
@@ -332,10 +387,10 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
             else:
                 nbytes, dtype = 0, None
             peer = args[peer_at] if peer_at is not None and peer_at < len(args) else None
-            entry = [spec, seq, peer, nbytes, dtype, state0, _ns(), None, None]
+            entry = (spec, next(seqs), peer, nbytes, dtype, _ns())
             append(entry)
             if started:
-                _resolve(entry, _getframe())
+                _issued(entry, _getframe())
             try:
                 result = fn(*args)
             except BaseException as exc:
@@ -343,11 +398,10 @@ def wrap(channel: DataChannel, op: str, fn: Callable[..., Any], started: bool = 
                 raise
             if started:
                 _track(entry, result)
-            else:
-                entry[_STATE] = DONE
             return result
 
         wrapper = call
+    _HOLDERS.add(id(wrapper.__code__))
     return wrapper
 
 
@@ -357,22 +411,32 @@ def _list_shape(x: Any) -> tuple[int, Any]:
     return -1, None
 
 
-def _track(entry: list[Any], work: Any) -> None:
+def _issued(entry: tuple[Any, ...], wrapper_frame: Any) -> None:
+    """An issued op (a start): marked so, its caller named at once (see :func:`wrap`)."""
+    _note(entry)[_N_STATE] = ISSUED
+    _resolve(entry, wrapper_frame)
+
+
+def _track(entry: tuple[Any, ...], work: Any) -> None:
     """An issued op's Work, weakly: the record asks it whether it completed."""
+    note = _note(entry)
     try:
-        entry += [0, weakref.ref(work)]
+        note[_N_EXTRA] = weakref.ref(work)
     except TypeError:
-        entry[_STATE] = DONE  # a Work that cannot be referenced weakly is a completed one
+        note[_N_STATE] = DONE  # a Work that cannot be referenced weakly is a completed one
 
 
-def _failed(channel: DataChannel, entry: list[Any], exc: BaseException) -> None:
-    try:  # the caller, from the wrapper's frame (the one that called this), before the error is explained
+def failed(channel: DataChannel, entry: tuple[Any, ...], exc: BaseException) -> None:
+    """The op of ``entry`` raised ``exc`` (called by the frame that recorded it): note the
+    failure, name the caller, and add to a procgroup error what the record knows."""
+    try:  # the caller, from the recording frame (the one that called this), before the error is explained
         _resolve(entry, _getframe(1))
     except Exception:  # noqa: BLE001 - the record is best effort: the op's own error is what counts
         pass
-    entry[_STATE] = FAILED
-    del entry[_T1:]
-    entry += [_ns(), f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"]
+    note = _note(entry)
+    note[_N_STATE] = FAILED
+    note[_N_T1] = _ns()
+    note[_N_EXTRA] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if isinstance(exc, ProcGroupError) and not getattr(exc, "_flight_seen", False):
         try:
             exc._flight_seen = True  # type: ignore[attr-defined]  # a mark: explained once, however often re-raised
@@ -382,28 +446,31 @@ def _failed(channel: DataChannel, entry: list[Any], exc: BaseException) -> None:
 
 
 # ------------------------------------------------------------------ reading the record
-def _entry_dict(e: list[Any], wall: int) -> dict[str, Any]:
+def _entry_dict(e: tuple[Any, ...], wall: int, running: set[tuple[Any, int]]) -> dict[str, Any]:
     """One entry as the record gives it (``wall``: time_ns() - perf_counter_ns(), to make
-    the entry's clock readings wall-clock seconds)."""
-    info: GroupInfo = e[_SPEC][0]
-    op = e[_SPEC][1]
-    state = e[_STATE]
-    extra = e[_EXTRA] if len(e) > _EXTRA else None
-    t1 = e[_T1] if len(e) > _T1 else 0
-    if state == ISSUED:
+    the entry's clock readings wall-clock seconds; ``running``: the keys of the ops some
+    thread is inside, from :func:`_running`)."""
+    spec = e[_SPEC]
+    info: GroupInfo = spec[0]
+    op = spec[1]
+    key = (spec, e[_SEQ])
+    note = RECORDER.notes.get(key)
+    state, code, lasti, t1, extra = note if note is not None else (STARTED, None, None, 0, None)
+    if state == STARTED:  # a blocking op: waiting while a frame holds it, else done
+        state = STARTED if key in running else DONE
+    elif state == ISSUED:
         work = extra() if callable(extra) else None
-        if work is None:
-            state = DONE
-        else:
+        if work is not None:
             try:
                 if work.is_completed():
                     state = FAILED if work.exception() is not None else DONE
             except Exception:  # noqa: BLE001 - a broken Work reads as still issued
                 pass
+        elif extra is not None:  # the Work is gone: it completed
+            state = DONE
         extra = None
-    code = e[_CODE]
     dtype = e[_DTYPE]
-    line = _line(code, e[_LINE]) if code is not None else None
+    line = _line(code, lasti) if code is not None and lasti is not None else None
     d = {
         "group": info.key, "group_id": info.group_id, "backend": info.backend, "group_ranks": list(info.ranks),
         "seq": e[_SEQ], "op": op, "kind": "p2p" if op in _P2P else "collective",
@@ -432,9 +499,10 @@ def _line(code: Any, lasti: int) -> int | None:
 def snapshot() -> list[dict[str, Any]]:
     """This rank's record: the ring's entries as dicts, oldest first (the ops still
     running named their callers first)."""
-    _resolve_running()
+    entries = RECORDER.entries()  # before the stacks: an op that ends in between reads as done
+    running = _running()
     wall = time.time_ns() - _ns()
-    return [_entry_dict(e, wall) for e in RECORDER.entries()]
+    return [_entry_dict(e, wall, running) for e in entries]
 
 
 def stacks(skip: int | None = None, frame: Any = None) -> list[dict[str, Any]]:
@@ -597,7 +665,7 @@ def gather(timeout: float = GATHER_SECONDS) -> dict[int, dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ explaining a failure
-def explain(channel: DataChannel, entry: list[Any], exc: ProcGroupError) -> None:
+def explain(channel: DataChannel, entry: tuple[Any, ...], exc: ProcGroupError) -> None:
     """Add to a failed op's error what the record knows: the first failure of the job for
     a PeerError, the culprit for a timeout (from every live rank's dump)."""
     from .. import _flight_analysis as analysis
@@ -678,4 +746,5 @@ def departed(rank: int, reason: str) -> None:
 
 
 __all__ = ["CALLER_OMITTED", "ENV_DIR", "ENV_RING", "RECORDER", "GroupInfo", "Recorder", "departed", "departure_reason", "dump",
-           "dump_path", "gather", "register", "snapshot", "stacks", "waiting", "wrap", "write_dump"]
+           "dump_path", "failed", "gather", "holds_entry", "register", "snapshot", "stacks", "waiting", "wrap",
+           "write_dump"]
