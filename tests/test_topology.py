@@ -161,7 +161,7 @@ pg.destroy_process_group()
 
 
 DEATH = r"""
-import json, os
+import json, os, time
 import numpy as np
 import procgroup as pg
 from procgroup.errors import ProcGroupError
@@ -181,8 +181,16 @@ try:
 except ProcGroupError as exc:
     out["error"] = type(exc).__name__
     out["message"] = str(exc)
-with open(os.path.join(os.environ["PGTEST_OUT"], f"rank{me}.json"), "w") as f:
+path = os.path.join(os.environ["PGTEST_OUT"], f"rank{{}}.json")
+with open(path.format(me) + ".tmp", "w") as f:
     json.dump(out, f)
+os.replace(path.format(me) + ".tmp", path.format(me))
+# a survivor leaves (without a goodbye) only once every survivor has its error: else the
+# slowest could hear of a survivor's exit before the victim's death
+survivors = [r for r in range(pg.get_world_size()) if r != int(os.environ["PGTEST_VICTIM"])]
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline and not all(os.path.exists(path.format(r)) for r in survivors):
+    time.sleep(0.02)
 os._exit(0)
 """
 

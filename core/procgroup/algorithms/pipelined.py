@@ -4,7 +4,7 @@ Built on a channel's public point-to-point calls only (``send``/``irecv``), so a
 channel with those runs them. Each array is cut into segments of ``seg_bytes``; a
 segment moves on as soon as it has arrived (and been reduced), so receiving,
 reducing and sending overlap along the whole chain, and a rank's part of one step
-overlaps the next step. Receives are posted one step ahead, so frames land in
+overlaps the next step. Receives are posted a few steps ahead, so frames land in
 place (or in ``scratch``) rather than on the unexpected queue. ``scratch`` is a
 uint8 buffer the caller owns (the channel keeps one between calls: no page faults
 per call); its size is given by :func:`scratch_bytes`.
@@ -40,10 +40,23 @@ def _typed(scratch: np.ndarray, dtype: np.dtype, count: int, offset: int = 0) ->
     return scratch[start : start + count * dtype.itemsize].view(dtype)
 
 
+#: The pipelined ring posts its receives this many steps ahead of the step it works on,
+#: so that frames from a left neighbour running ahead land in place (a frame that finds
+#: no receive is queued in a fresh buffer and copied again); each reduce-scatter step
+#: in flight lands in a scratch chunk of its own.
+RING_STEPS_AHEAD = 3
+
+
+def _ring_window(size: int) -> tuple[int, int]:
+    """The ring's steps posted ahead, and the scratch chunks they need, on ``size`` ranks."""
+    ahead = max(1, min(2 * (size - 1) - 1, RING_STEPS_AHEAD))
+    return ahead, max(1, min(ahead + 1, size - 1))
+
+
 def scratch_bytes(algorithm: str, array: np.ndarray, size: int) -> int:
     """Bytes of scratch ``algorithm`` needs for ``array`` on ``size`` ranks."""
     if algorithm == "pipelined_ring_all_reduce":
-        return 2 * (-(-array.size // size)) * array.itemsize  # two steps in flight
+        return _ring_window(size)[1] * (-(-array.size // size)) * array.itemsize  # the steps in flight
     if algorithm == "pipelined_chain_reduce":
         return array.nbytes
     return 0
@@ -67,11 +80,12 @@ def pipelined_ring_all_reduce(
     the array, and the all-gather overlaps the reduce-scatter. The caller's thread both
     sends (one segment at a time, see :class:`_Pump`) and reduces what has landed.
 
-    Hooks, for chunk i of ``chunk_bounds(array.size, n)``: ``prepare(i)`` runs just before
-    chunk i is first read (sent or reduced into), so a caller can fill a chunk late (two
-    levels: a host's contributions); ``finished(i)`` runs once chunk i holds its final
-    value (it may still be sent on: the hook may read it, not change it). Each runs once
-    per chunk, in the orders :func:`ring_chunk_order` gives.
+    Hooks, for chunk i of ``chunk_bounds(array.size, n)``: ``prepare(i)`` runs before chunk
+    i is first read (sent or reduced into), so a caller can fill a chunk late (two levels:
+    a host's contributions): when it must, or earlier, while the caller would otherwise
+    wait for a segment with nothing to send; ``finished(i)`` runs once chunk i holds its
+    final value (it may still be sent on: the hook may read it, not change it). Each runs
+    once per chunk, in the orders :func:`ring_chunk_order` gives.
     """
     n, r = ch.size, ch.rank
     if n == 1 or array.size == 0:
@@ -80,7 +94,8 @@ def pipelined_ring_all_reduce(
     bounds = chunk_bounds(flat.size, n)
     chunks = [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
     widest = max(c.size for c in chunks)
-    tmp = [_typed(scratch, flat.dtype, widest), _typed(scratch, flat.dtype, widest, widest)]
+    ahead, landings = _ring_window(n)
+    tmp = [_typed(scratch, flat.dtype, widest, k * widest) for k in range(landings)]
     seg = max(seg_bytes // flat.itemsize, 1)
     right, left = (r + 1) % n, (r - 1) % n
     steps = 2 * (n - 1)
@@ -90,7 +105,7 @@ def pipelined_ring_all_reduce(
 
     def landing(s: int) -> np.ndarray:
         idx = recv_index(s)
-        return tmp[s % 2][: chunks[idx].size] if s < n - 1 else chunks[idx]
+        return tmp[s % landings][: chunks[idx].size] if s < n - 1 else chunks[idx]
 
     def arrivals(s: int) -> list[tuple[Work, np.ndarray, np.ndarray]]:
         parts = segments(landing(s), seg)
@@ -98,14 +113,30 @@ def pipelined_ring_all_reduce(
             (ch.irecv(part, left, tag), part, dest) for part, dest in zip(parts, segments(chunks[recv_index(s)], seg))
         ]
 
-    if prepare is not None:
-        prepare(r)
-    pump = _Pump(ch, right, tag, segments(chunks[r], seg))
-    posted = arrivals(0)
+    unprepared = deque(ring_chunk_order(n, r)[0] if prepare is not None else ())
+
+    def prepare_next() -> bool:
+        """Prepare the next chunk in order; False when none is left."""
+        if not unprepared or prepare is None:
+            return False
+        prepare(unprepared.popleft())
+        return True
+
+    def prepared(i: int) -> None:
+        while i in unprepared:
+            prepare_next()
+
+    prepared(r)
+    pump = _Pump(ch, right, tag, segments(chunks[r], seg), prepare_next if prepare is not None else None)
+    # receives posted in step order (one tag, one source: they match in posting order);
+    # step s+ahead is posted once step s-1 is done with its landing buffer
+    window = deque(arrivals(s) for s in range(min(ahead, steps)))
     for s in range(steps):
-        ahead = arrivals(s + 1) if s + 1 < steps else []  # frames land in place, never unexpected
-        if prepare is not None and s < n - 1:
-            prepare(recv_index(s))
+        if s + ahead < steps:
+            window.append(arrivals(s + ahead))
+        posted = window.popleft()
+        if s < n - 1:
+            prepared(recv_index(s))
         for work, part, dest in posted:
             pump.until(work)
             if s < n - 1:
@@ -116,7 +147,6 @@ def pipelined_ring_all_reduce(
                 pump.queue.append(dest)
         if finished is not None and s >= n - 2:
             finished(recv_index(s))
-        posted = ahead
     pump.drain()
 
 
@@ -135,15 +165,22 @@ class _Pump:
     send blocks only while the peer's kernel buffer is full, and the peer's reader
     always drains it, so two ranks pumping at each other cannot deadlock."""
 
-    def __init__(self, ch: DataChannel, dst: int, tag: int, first: list[np.ndarray]) -> None:
+    def __init__(self, ch: DataChannel, dst: int, tag: int, first: list[np.ndarray],
+                 idle: Callable[[], bool] | None = None) -> None:
         self.ch, self.dst, self.tag = ch, dst, tag
         self.queue: deque[np.ndarray] = deque(first)
+        #: work for the caller while it has nothing to send and ``work`` is not in yet
+        #: (True when it did some)
+        self.idle = idle
 
     def until(self, work: Work) -> None:
         """Send queued segments until ``work`` (a receive) has completed, then return."""
-        queue, send = self.queue, self.ch.send
-        while queue and not work.is_completed():
-            send(queue.popleft(), self.dst, self.tag)
+        queue, send, idle = self.queue, self.ch.send, self.idle
+        while True:
+            while queue and not work.is_completed():
+                send(queue.popleft(), self.dst, self.tag)
+            if idle is None or queue or work.is_completed() or not idle():
+                break
         work.wait()
 
     def drain(self) -> None:
@@ -229,6 +266,7 @@ class Scratch:
 
 
 __all__ = [
+    "RING_STEPS_AHEAD",
     "Scratch",
     "pipelined_chain_broadcast",
     "pipelined_chain_reduce",
