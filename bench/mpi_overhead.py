@@ -1,19 +1,28 @@
-"""procgroup's mpi backend vs raw mpi4py: all_reduce latency (8 B) and bandwidth (64 MiB),
-or (``--op sendrecv``) a send/recv ping-pong at 8 B, 4 MiB and 64 MiB, layer by layer.
+"""procgroup's mpi backend vs raw mpi4py, layer by layer, in one job: all_reduce, or
+(``--op sendrecv``) a send/recv ping-pong, at 8 B, 4 MiB and 64 MiB (``--sizes``).
 
 Run with 2 ranks (re-launches itself under mpiexec when started plainly)::
 
-    python bench/mpi_overhead.py [--op sendrecv] [--small-iters 20000] [--rounds 7] [--large-samples 21]
+    python bench/mpi_overhead.py [--op sendrecv] [--sizes 8,4M,64M] [--small-iters 20000]
+                                 [--rounds 7] [--large-samples 21]
 
-Both sides run in the same job, interleaved round by round so machine noise hits them
-alike: raw ``comm.Allreduce(MPI.IN_PLACE, a)``, raw ``Iallreduce`` + ``Test`` polling
-(the strategy procgroup uses so that calls can time out), the channel's blocking
-all_reduce (``channel.blocking("all_reduce")``, the backend alone: ``do_all_reduce``),
-the channel's started form waited on (``channel.start("all_reduce", ...).wait()``: what
-every other blocking op and ``async_op=True`` run) and ``procgroup.all_reduce`` (public
-API: the core's validation + the channel). Rank 0 prints medians and ratios as a
-Markdown table (ratio = procgroup time / raw time; bandwidth ratio = raw time /
-procgroup time).
+Every contender runs in the same job, interleaved round by round so machine noise hits
+them alike. The layers, bottom up:
+
+- all_reduce: raw ``comm.Allreduce(MPI.IN_PLACE, a)``; raw ``Iallreduce`` + ``Test``
+  polling (what the backend does so that a call can time out); the backend alone
+  (``channel.do_all_reduce``); the channel's blocking callable
+  (``channel.blocking("all_reduce")``: the backend and the flight recorder's entry); the
+  started form waited on (``channel.start("all_reduce", ...).wait()``: what every other
+  blocking op and ``async_op=True`` run); ``procgroup.all_reduce`` (public API).
+- sendrecv: raw ``comm.Send``/``comm.Recv``; raw ``Isend``/``Irecv`` + a ``Test`` loop; the
+  backend alone (``channel.do_send``/``do_recv``); the channel's blocking callables
+  (``channel.blocking("send")``, recorded); ``procgroup.send``/``procgroup.recv``. The
+  time is one way: half the round trip.
+
+Rank 0 prints medians and ratios (contender time / raw time; the ratio columns use the
+short names raw_test, backend, channel, start_wait, procgroup) as a Markdown table, with
+the load average at the start and the end (the 8 B ratios swing with load).
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from typing import Any
 
 from _interleave import interleaved_medians  # bench/ is sys.path[0] for a script run from it
 
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
 
 def _under_mpiexec() -> bool:
     return any(v in os.environ for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"))
@@ -38,13 +49,48 @@ def _relaunch(argv: list[str]) -> int:
     return subprocess.call([exe, "-n", "2", sys.executable, os.path.abspath(__file__), *argv])
 
 
+def _sizes(text: str) -> list[int]:
+    """``8,4M,64M`` -> bytes (K, M, G are powers of 2; each a multiple of 8 bytes)."""
+    sizes = []
+    for item in text.split(","):
+        item = item.strip().upper().removesuffix("B").removesuffix("I")
+        unit = item[-1:] if item[-1:] in _UNITS else ""
+        n = int(item[:len(item) - len(unit)]) * _UNITS[unit]
+        if n <= 0 or n % 8:
+            raise argparse.ArgumentTypeError(f"size {item!r}: a positive multiple of 8 bytes")
+        sizes.append(n)
+    return sizes
+
+
+def _label(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def _fmt(seconds: float, nbytes: int) -> str:
+    return f"{seconds * 1e6:.2f} us" if nbytes < 2**20 else f"{seconds * 1e3:.2f} ms"
+
+
+def _plan(nbytes: int, args: argparse.Namespace) -> tuple[int, int]:
+    """(calls per round, rounds): many calls per round when small, one per sample when large."""
+    if nbytes < 2**16:
+        return args.small_iters, args.rounds
+    if nbytes < 2**24:
+        return 20, args.rounds
+    return 1, args.large_samples
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--small-iters", type=int, default=20000, help="calls per round at 8 B")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds at 8 B (median over rounds)")
-    parser.add_argument("--large-samples", type=int, default=21, help="timed calls at 64 MiB per variant")
     parser.add_argument("--op", choices=("all_reduce", "sendrecv"), default="all_reduce",
                         help="all_reduce, or a send/recv ping-pong (one-way time = round trip / 2)")
+    parser.add_argument("--sizes", type=_sizes, default=[8, 4 << 20, 64 << 20],
+                        help="message sizes in bytes, comma separated, K/M/G suffixes (default 8,4M,64M)")
+    parser.add_argument("--small-iters", type=int, default=20000, help="calls per round below 64 KiB")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds below 16 MiB (median over rounds)")
+    parser.add_argument("--large-samples", type=int, default=21, help="timed calls from 16 MiB, per contender")
     args = parser.parse_args(argv)
     if not _under_mpiexec():
         sys.exit(_relaunch(argv))
@@ -55,71 +101,65 @@ def main(argv: list[str]) -> None:
 
     pg.init_process_group("mpi", timeout=120)
     comm = MPI.COMM_WORLD.Dup()
-    rank = comm.Get_rank()
-
-    def raw(a: np.ndarray) -> None:
-        comm.Allreduce(MPI.IN_PLACE, a)
-
-    def raw_poll(a: np.ndarray) -> None:
-        req = comm.Iallreduce(MPI.IN_PLACE, a)
-        while not req.Test():
-            pass
-
-    def ours(a: np.ndarray) -> None:
-        pg.all_reduce(a)
-
-    channel = pg.group_channel()
-    channel_all_reduce = channel.blocking("all_reduce")  # what the core's fast path calls
-    SUM = pg.ReduceOp.SUM
-
-    def backend(a: np.ndarray) -> None:
-        channel_all_reduce(a, SUM)
-
-    def started(a: np.ndarray) -> None:
-        channel.start("all_reduce", a, SUM).wait()
-
-    variants: dict[str, Callable[[np.ndarray], None]] = {
-        "raw": raw, "raw_poll": raw_poll, "backend": backend, "start_wait": started, "procgroup": ours,
-    }
-    rows = []
+    load = os.getloadavg()[0]
     if args.op == "sendrecv":
-        _sendrecv(args, pg, comm, MPI, np)
-        comm.Free()
-        pg.destroy_process_group()
-        return
-    # latency: 8 bytes (one float64), many calls per round, median of per-round means
-    small = np.ones(1, dtype=np.float64)
-    rows.append(("8 B", interleaved_medians(variants, small, rounds=args.rounds, iters=args.small_iters,
-                                            barrier=comm.Barrier, warmup=1000)))
-    # bandwidth: 64 MiB of float32, one call per sample, median of samples
-    large = np.ones(64 * 2**20 // 4, dtype=np.float32)
-    rows.append(("64 MiB", interleaved_medians(variants, large, rounds=args.large_samples, iters=1,
-                                               barrier=comm.Barrier)))
-    if rank == 0:
-        print(f"# all_reduce SUM, 2 ranks, {MPI.Get_library_version().splitlines()[0].strip()}, mpi4py "
-              f"{__import__('mpi4py').__version__}")
-        print("| size | raw mpi4py Allreduce | raw Iallreduce+Test | channel blocking all_reduce "
-              "| channel start+wait | procgroup.all_reduce | channel/raw time | procgroup/raw time "
-              "| procgroup/raw bandwidth |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for label, med in rows:
-            nbytes = 8 if label == "8 B" else 64 * 2**20
+        columns, rows = _sendrecv(args, pg, comm, MPI, np)
+    else:
+        columns, rows = _all_reduce(args, pg, comm, MPI, np)
+    if comm.Get_rank() == 0:
+        import mpi4py
 
-            def fmt(s: float, small: bool = label == "8 B") -> str:
-                return f"{s * 1e6:.2f} us" if small else f"{s * 1e3:.2f} ms"
-
-            def bw(s: float, nbytes: int = nbytes) -> float:
-                return nbytes / s / 2**30
-            print(f"| {label} | {fmt(med['raw'])} ({bw(med['raw']):.3g} GiB/s) | {fmt(med['raw_poll'])} | "
-                  f"{fmt(med['backend'])} | {fmt(med['start_wait'])} | {fmt(med['procgroup'])} ({bw(med['procgroup']):.3g} GiB/s) | "
-                  f"{med['backend'] / med['raw']:.2f}x | {med['procgroup'] / med['raw']:.2f}x | "
-                  f"{med['raw'] / med['procgroup']:.2f}x |")
+        what = "send/recv ping-pong, one-way time" if args.op == "sendrecv" else "all_reduce SUM, float32"
+        print(f"# {what}, 2 ranks, {MPI.Get_library_version().splitlines()[0].strip()}, mpi4py "
+              f"{mpi4py.__version__}, Python {sys.version.split()[0]}, load average {load:.1f} at the start "
+              f"and {os.getloadavg()[0]:.1f} at the end")
+        names = list(columns)
+        print("| size | " + " | ".join(columns.values()) + " | "
+              + " | ".join(f"{n} / raw" for n in names[1:]) + " |")
+        print("|---" * (1 + 2 * len(names) - 1) + "|")
+        for nbytes, med in rows:
+            times = [_fmt(med[n], nbytes) for n in names]
+            ratios = [f"{med[n] / med['raw']:.2f}x" for n in names[1:]]
+            print(f"| {_label(nbytes)} | " + " | ".join(times) + " | " + " | ".join(ratios) + " |")
     comm.Free()
     pg.destroy_process_group()
 
 
-def _sendrecv(args: argparse.Namespace, pg: Any, comm: Any, MPI: Any, np: Any) -> None:
-    """Ping-pong between ranks 0 and 1: raw Send/Recv against procgroup's send/recv."""
+def _all_reduce(args: argparse.Namespace, pg: Any, comm: Any, MPI: Any,
+                np: Any) -> tuple[dict[str, str], list[tuple[int, dict[str, float]]]]:
+    channel = pg.group_channel()
+    do_all_reduce = channel.do_all_reduce
+    blocking = channel.blocking("all_reduce")
+    SUM = pg.ReduceOp.SUM
+
+    def raw_poll(a: Any) -> None:
+        req = comm.Iallreduce(MPI.IN_PLACE, a)
+        while not req.Test():
+            pass
+
+    variants: dict[str, Callable[[Any], None]] = {
+        "raw": lambda a: comm.Allreduce(MPI.IN_PLACE, a),
+        "raw_test": raw_poll,
+        "backend": lambda a: do_all_reduce(a, SUM),
+        "channel": lambda a: blocking(a, SUM),
+        "start_wait": lambda a: channel.start("all_reduce", a, SUM).wait(),
+        "procgroup": lambda a: pg.all_reduce(a),
+    }
+    columns = {"raw": "raw Allreduce", "raw_test": "raw Iallreduce+Test", "backend": "backend do_all_reduce",
+               "channel": "channel blocking (recorded)", "start_wait": "channel start+wait",
+               "procgroup": "procgroup.all_reduce"}
+    rows = []
+    for nbytes in args.sizes:
+        iters, rounds = _plan(nbytes, args)
+        a = np.ones(nbytes // 4, dtype=np.float32)
+        rows.append((nbytes, interleaved_medians(variants, a, rounds=rounds, iters=iters, barrier=comm.Barrier,
+                                                 warmup=min(iters, 1000))))
+    return columns, rows
+
+
+def _sendrecv(args: argparse.Namespace, pg: Any, comm: Any, MPI: Any,
+              np: Any) -> tuple[dict[str, str], list[tuple[int, dict[str, float]]]]:
+    """Ping-pong between ranks 0 and 1, each layer of procgroup's send/recv against raw."""
     rank = comm.Get_rank()
     peer = 1 - rank
     channel = pg.group_channel()
@@ -146,35 +186,26 @@ def _sendrecv(args: argparse.Namespace, pg: Any, comm: Any, MPI: Any, np: Any) -
         while not req.Test(status):
             pass
 
+    do_send, do_recv = channel.do_send, channel.do_recv
     send, recv = channel.blocking("send"), channel.blocking("recv")
-    # the layers, bottom up: MPI's blocking calls; the nonblocking calls + a Test loop (what
-    # the backend does, so that it can time out); the backend's blocking callables; the API
     variants: dict[str, Callable[[Any], None]] = {
         "raw": pingpong(lambda a: comm.Send(a, peer, 0), lambda a: comm.Recv(a, peer, 0)),
         "raw_test": pingpong(isend_test, irecv_test),
+        "backend": pingpong(lambda a: do_send(a, peer, 0), lambda a: do_recv(a, peer, 0)),
         "channel": pingpong(lambda a: send(a, peer, 0), lambda a: recv(a, peer, 0)),
         "procgroup": pingpong(lambda a: pg.send(a, peer), lambda a: pg.recv(a, peer)),
     }
+    columns = {"raw": "raw Send/Recv", "raw_test": "raw Isend/Irecv+Test", "backend": "backend do_send/do_recv",
+               "channel": "channel blocking (recorded)", "procgroup": "procgroup send/recv"}
     rows = []
-    for nbytes, iters, rounds in ((8, args.small_iters // 2, args.rounds), (4 << 20, 20, args.rounds),
-                                  (64 << 20, 1, args.large_samples)):
+    for nbytes in args.sizes:
+        iters, rounds = _plan(nbytes, args)
+        iters = max(1, iters // 2) if nbytes < 2**16 else iters  # a round trip is two messages
         a = np.ones(nbytes // 4, dtype=np.float32)
         med = interleaved_medians(variants, a, rounds=rounds, iters=iters, barrier=comm.Barrier,
                                   warmup=min(iters, 1000))
         rows.append((nbytes, {k: v / 2 for k, v in med.items()}))  # one way
-    if rank == 0:
-        print(f"# send/recv ping-pong, one-way time, 2 ranks, "
-              f"{MPI.Get_library_version().splitlines()[0].strip()}, mpi4py {__import__('mpi4py').__version__}")
-        print("| size | raw mpi4py Send/Recv | raw Isend/Irecv+Test | channel blocking send/recv "
-              "| procgroup send/recv | channel/raw | procgroup/raw |")
-        print("|---|---|---|---|---|---|---|")
-        for nbytes, med in rows:
-            label = "8 B" if nbytes == 8 else f"{nbytes >> 20} MiB"
-            unit, scale = ("us", 1e6) if nbytes < 2**20 else ("ms", 1e3)
-            print(f"| {label} | {med['raw'] * scale:.2f} {unit} | {med['raw_test'] * scale:.2f} {unit} | "
-                  f"{med['channel'] * scale:.2f} {unit} | "
-                  f"{med['procgroup'] * scale:.2f} {unit} | {med['channel'] / med['raw']:.2f}x | "
-                  f"{med['procgroup'] / med['raw']:.2f}x |")
+    return columns, rows
 
 
 if __name__ == "__main__":

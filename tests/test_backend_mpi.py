@@ -172,12 +172,14 @@ def _mpi_specific(rank: int, size: int) -> dict[str, Any]:
     # a receive buffer of the wrong size is a clear error, larger or smaller
     from procgroup.errors import InvalidArrayError
 
+    # (messages travel as bytes: 12 bytes into a float64 buffer are no whole element)
     if rank == 0:
         pg.send(np.ones(3), 1, tag=11)
         pg.send(np.ones(1), 1, tag=12)
+        pg.send(np.ones(3, dtype=np.float32), 1, tag=13)
     elif rank == 1:
         sizes = {}
-        for tag in (11, 12):
+        for tag in (11, 12, 13):
             try:
                 pg.recv(np.zeros(2), 0, tag=tag)
                 sizes[tag] = "no error"
@@ -244,6 +246,7 @@ def test_mpi_specific_checks() -> None:
             assert res["tags"] is True
             assert "larger than the receive buffer" in res["sizes"][11], res["sizes"]
             assert "has 1 elements" in res["sizes"][12] and "sizes must match" in res["sizes"][12], res["sizes"]
+            assert "from rank 0 has 12 bytes but the receive buffer has 2 (dtype float64)" in res["sizes"][13], res
         assert res["generic"] is True and res["layouts"] is True, res
         assert res["f16"] == {"SUM": size * (size + 1) / 2, "PRODUCT": float(np.prod(np.arange(1, size + 1))),
                               "MIN": 1.0, "MAX": float(size), "AVG": (size + 1) / 2}, res

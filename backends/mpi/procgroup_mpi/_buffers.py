@@ -57,7 +57,7 @@ def concatenate(arrays: Sequence[Any]) -> Any:
     """One contiguous copy of ``arrays`` (NumPy, or CuPy for device arrays)."""
     if all(isinstance(a, np.ndarray) for a in arrays):
         return np.concatenate([a.reshape(-1) for a in arrays])
-    import cupy  # type: ignore[import-untyped]  # GPU arrays only; CuPy ships no types
+    import cupy  # GPU arrays only (CuPy)
 
     return cupy.concatenate([cupy.asarray(a).reshape(-1) for a in arrays])
 

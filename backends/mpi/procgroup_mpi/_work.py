@@ -22,10 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from mpi4py import MPI
 from procgroup.backend import Work, poll
 from procgroup.errors import CommTimeoutError, InvalidArrayError, WorkCancelledError
 
+from ._buffers import nbytes
 from ._requests import cancel_recv, park, translate
 
 if TYPE_CHECKING:
@@ -155,16 +157,23 @@ class MpiWork(Work):
                 pass
 
 
-def short_message(channel: MpiChannel, status: Any, datatype: Any, array: Any) -> InvalidArrayError | None:
-    """The error for a completed receive whose message was shorter than ``array`` (MPI
-    raises truncation for a longer one), or None when the sizes match."""
-    got = status.Get_count(datatype)
-    if got == array.size:
-        return None
+def short_message(channel: MpiChannel, status: Any, array: Any) -> InvalidArrayError | None:
+    """The error for a completed receive (its message in bytes, MPI_BYTE) whose message
+    was shorter than ``array`` (MPI raises truncation for a longer one), or None when the
+    sizes match."""
+    got = status.Get_count()
+    return None if got == nbytes(array) else size_error(channel, status, got, array)
+
+
+def size_error(channel: MpiChannel, status: Any, got: int, array: Any) -> InvalidArrayError:
+    """The error for a receive of ``got`` bytes into ``array`` of another size."""
     source = channel.ctx.global_rank(status.Get_source())
+    dtype = np.dtype(array.dtype)
+    itemsize = dtype.itemsize
+    has = f"{got // itemsize} elements of {itemsize} bytes" if got % itemsize == 0 else f"{got} bytes"
     return InvalidArrayError(
-        f"message from rank {source} has {got} elements of {array.dtype.itemsize} bytes but the receive "
-        f"buffer has {array.size} (dtype {array.dtype}); sizes must match"
+        f"message from rank {source} has {has} but the receive buffer has {nbytes(array) // itemsize} "
+        f"(dtype {dtype}); sizes must match"
     )
 
 
@@ -190,17 +199,16 @@ class RecvWork(MpiWork):
     """A receive: its result is the sender; a short message is an InvalidArrayError (MPI
     raises truncation for a long one); cancelled after the channel timeout or when dropped."""
 
-    __slots__ = ("_datatype", "_peer", "_settled", "_status", "_tag", "_value")
+    __slots__ = ("_peer", "_settled", "_status", "_tag", "_value")
 
-    def __init__(self, channel: MpiChannel, req: Any, array: Any, datatype: Any, peer: int | None,
-                 tag: int, status: Any) -> None:
+    def __init__(self, channel: MpiChannel, req: Any, array: Any, peer: int | None, tag: int,
+                 status: Any) -> None:
         super().__init__(channel, "recv", req, array)
         self._status = status
         self._value = None
         self._settled = False
         self._peer = peer
         self._tag = tag
-        self._datatype = datatype
 
     def wait(self, timeout: float | None = None) -> bool:
         try:
@@ -250,7 +258,7 @@ class RecvWork(MpiWork):
         if self._settled or self._error is not None:
             return
         self._settled = True
-        self._error = short_message(self._channel, self._status, self._datatype, self._keep)
+        self._error = short_message(self._channel, self._status, self._keep)
         if self._error is None:
             self._value = self._status.Get_source()
 
@@ -266,4 +274,4 @@ class RecvWork(MpiWork):
         cancel_recv(self._req, self._status)
 
 
-__all__ = ["SPIN", "MpiWork", "RecvWork", "SendWork", "short_message"]
+__all__ = ["SPIN", "MpiWork", "RecvWork", "SendWork", "short_message", "size_error"]

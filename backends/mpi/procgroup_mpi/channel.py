@@ -34,11 +34,11 @@ from procgroup.backend import ChannelContext, DataChannel, choose_address, job_k
 from procgroup.ops import ReduceOp, finish_average
 
 from . import _abort, _cuda, _launcher, _ulfm
-from ._buffers import concatenate, span, spread
+from ._buffers import concatenate, nbytes, span, spread
 from ._comms import TagRoutes, create_group, world_comm
 from ._lowering import PLANS, datatype_of, reduce_plan
 from ._requests import park, translate, wait_all
-from ._work import SPIN, MpiWork, RecvWork, SendWork, short_message
+from ._work import SPIN, MpiWork, RecvWork, SendWork, size_error
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +58,6 @@ def _initialized() -> None:
                  "serialized": MPI.THREAD_SERIALIZED}.get(str(mpi4py.rc.thread_level), MPI.THREAD_MULTIPLE)
         MPI.Init_thread(level)
         log.debug("MPI initialised (%s)", MPI.Get_library_version().splitlines()[0])
-
-
-def _spun(test: Any) -> bool:
-    """True when ``test()`` held within the bare spin; False: the caller waits on a Work."""
-    if test():
-        return True
-    for _ in SPIN:
-        if test():
-            return True
-    return False
-
-
-def _spun_status(test: Any, status: Any) -> bool:
-    """``_spun`` for a receive's ``Test(status)`` (no partial made on every call)."""
-    for _ in SPIN:
-        if test(status):
-            return True
-    return False
 
 
 class MpiChannel(DataChannel):
@@ -152,6 +134,11 @@ class MpiChannel(DataChannel):
         self._comm = self._routes.comm
         self._route = self._routes.route
         self._iallreduce = self._comm.Iallreduce
+        # user tags 0..mask need no routing: their Isend/Irecv are bound once, as they are
+        # on every message's path (after close() they fail on the freed communicator)
+        self._mask = self._routes.mask
+        self._isend = self._comm.Isend
+        self._irecv = self._comm.Irecv
         if _cuda.cuda_aware(ctx.options):
             self.devices = ("cpu", "cuda")
         log.debug("mpi channel rank %d of %d (group %d), tag mask %#x, %d user tag communicators",
@@ -173,34 +160,57 @@ class MpiChannel(DataChannel):
         return work.then(functools.partial(finish_average, _AVG, array, self.size)) if self.size > 1 else work
 
     # ------------------------------------------------------------------ point to point
-    def start_send(self, array: Any, dst: int, tag: int = 0) -> MpiWork:
+    # Messages travel as bytes (MPI_BYTE, the count is the array's nbytes) on both sides:
+    # the core lets only native numeric dtypes through, and a receive then compares byte
+    # counts, so a send needs no datatype lookup.
+    def _isend_routed(self, array: Any, dst: int, tag: int) -> Any:
+        if tag <= self._mask:
+            return self._isend((array, _BYTE), dst, tag)
         comm, mtag = self._route(tag)
+        return comm.Isend((array, _BYTE), dst, mtag)
+
+    def _irecv_routed(self, array: Any, src: int | None, tag: int) -> Any:
+        source = _ANY_SOURCE if src is None else src
+        if tag <= self._mask:
+            return self._irecv((array, _BYTE), source, tag)
+        comm, mtag = self._route(tag)
+        return comm.Irecv((array, _BYTE), source, mtag)
+
+    def start_send(self, array: Any, dst: int, tag: int = 0) -> MpiWork:
         try:
-            req = comm.Isend([array, datatype_of(array.dtype)], dst, mtag)
+            req = self._isend_routed(array, dst, tag)
         except MPI.Exception as exc:
             raise self._refused(exc, "send") from None
         return SendWork(self, req, array, dst, tag)
 
     def start_recv(self, array: Any, src: int | None = None, tag: int = 0) -> MpiWork:
-        comm, mtag = self._route(tag)
-        dt = datatype_of(array.dtype)
         try:
-            req = comm.Irecv([array, dt], _ANY_SOURCE if src is None else src, mtag)
+            req = self._irecv_routed(array, src, tag)
         except MPI.Exception as exc:
             raise self._refused(exc, "recv") from None
-        return RecvWork(self, req, array, dt, src, tag, _Status())
+        return RecvWork(self, req, array, src, tag, _Status())
 
     # Blocking p2p, for small messages' latency: the MPI call, a bare spin on Test, and a
-    # Work (timeout, cancel, errors) only when the spin did not see the request end.
+    # Work (timeout, cancel, errors) only when the spin did not see the request end. An
+    # 8 B message's time is mostly interpreter steps, so this path takes as few as it can:
+    # the unrouted tags' calls written out (not through _isend_routed), the first Test
+    # called as a method (binding req.Test builds an object, worth it only for the spin).
     def do_send(self, array: Any, dst: int, tag: int = 0) -> None:
-        comm, mtag = self._route(tag)
         try:
-            req = comm.Isend([array, datatype_of(array.dtype)], dst, mtag)
+            if tag <= self._mask:
+                req = self._isend((array, _BYTE), dst, tag)
+            else:
+                comm, mtag = self._route(tag)
+                req = comm.Isend((array, _BYTE), dst, mtag)
         except MPI.Exception as exc:
             raise self._refused(exc, "send") from None
         try:
-            if _spun(req.Test):
+            if req.Test():
                 return
+            test = req.Test
+            for _ in SPIN:
+                if test():
+                    return
         except MPI.Exception as exc:
             raise translate(exc, "send") from None
         except BaseException:  # Ctrl-C while spinning: the Work keeps the request safe
@@ -209,29 +219,40 @@ class MpiChannel(DataChannel):
         SendWork(self, req, array, dst, tag).wait()
 
     def do_recv(self, array: Any, src: int | None = None, tag: int = 0) -> int:
-        comm, mtag = self._route(tag)
-        dt = datatype_of(array.dtype)
         status = _Status()
         try:
-            req = comm.Irecv([array, dt], _ANY_SOURCE if src is None else src, mtag)
+            if tag <= self._mask:
+                req = self._irecv((array, _BYTE), _ANY_SOURCE if src is None else src, tag)
+            else:
+                comm, mtag = self._route(tag)
+                req = comm.Irecv((array, _BYTE), _ANY_SOURCE if src is None else src, mtag)
         except MPI.Exception as exc:
             raise self._refused(exc, "recv") from None
         try:
-            test = req.Test
-            done = test(status) or _spun_status(test, status)
+            done = req.Test(status)
+            if not done:
+                test = req.Test
+                for _ in SPIN:
+                    if test(status):
+                        done = True
+                        break
         except MPI.Exception as exc:
             raise translate(exc, "recv") from None
         except BaseException:  # Ctrl-C while spinning: cancel the receive (or let it land)
-            RecvWork(self, req, array, dt, src, tag, status)._abandon()
+            RecvWork(self, req, array, src, tag, status)._abandon()
             raise
         if not done:
-            work = RecvWork(self, req, array, dt, src, tag, status)
+            work = RecvWork(self, req, array, src, tag, status)
             work.wait()
             return int(work.result())
-        error = short_message(self, status, dt, array)
-        if error is not None:
-            raise error
-        return int(status.Get_source())
+        got = status.Get_count()
+        try:
+            short = got != array.nbytes
+        except AttributeError:  # a device array that only has __cuda_array_interface__
+            short = got != nbytes(array)
+        if short:
+            raise size_error(self, status, got, array)
+        return status.Get_source() if src is None else src
 
     # ------------------------------------------------------------------ collectives
     def start_all_reduce(self, array: Any, op: ReduceOp) -> MpiWork:
@@ -252,10 +273,10 @@ class MpiChannel(DataChannel):
             req = self._iallreduce(_IN_PLACE, [array, plan[0]], plan[1])
         except MPI.Exception as exc:
             raise self._refused(exc, "all_reduce") from None
-        test = req.Test
         try:
-            done = test()
+            done = req.Test()
             if not done:
+                test = req.Test
                 for _ in SPIN:
                     if test():
                         done = True
