@@ -66,7 +66,7 @@ SLICED_MIN_BYTES = 512 * 1024
 #: no pipeline restarts per piece, and the host stage overlaps the ring but for one
 #: chunk at each end. Below it the per-chunk host messages and the ring's stalls while a
 #: chunk is prepared cost more than they hide: the pieces of PIECE_BYTES.
-STREAMED_MIN_BYTES = 4 << 20
+STREAMED_MIN_BYTES = 8 << 20
 #: Two levels: a leader moves its part in pieces of this size, so that its host's traffic
 #: for the next piece overlaps the between-host step of this one. Each piece's
 #: between-host step is a whole flat pipeline that fills and drains, so pieces are large:
