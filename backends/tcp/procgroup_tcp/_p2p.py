@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 from procgroup.backend import CompletedWork, Work, env_flag, fresh
+from procgroup.backend._recorder import SLOW_S as _SLOW_S
 from procgroup.backend._recorder import waiting as _recorder_waiting
 from procgroup.errors import ChannelClosedError, CommTimeoutError, PeerError
 
@@ -74,8 +75,14 @@ ENV_SHM_CMA = "PROCGROUP_TCP_SHM_CMA"
 RING_BYTES = 1 << 20
 #: messages up to this size travel inside the ring; larger ones by rendezvous
 EAGER_BYTES = 32 * 1024
-#: the piece size of a message streamed through the ring (no rendezvous copy possible)
+#: the piece size of a message streamed through the ring
 CHUNK_BYTES = 256 * 1024
+#: a larger message goes by rendezvous (one ``process_vm_readv`` copy) where it may; up to
+#: this size it streams through the ring while this host's ranks each have a core: two
+#: copies, but the sender's and the receiver's overlap, and one ``process_vm_readv``
+#: (which pins the sender's pages one by one) is slower than that up to here
+#: (docs/performance.md); with more ranks than cores the single copy costs less CPU
+STREAM_MAX_BYTES = 32 << 20
 #: a wait for a large message (sent or received) spins up to this long per byte before it
 #: sleeps on the doorbell, when this host's ranks each have a core: the other side is busy
 #: copying about that long, and a sleeper's wake-up costs more than the spin ...
@@ -121,8 +128,8 @@ class SendJob(Work):
         self.dtype_char = dtype_char
         self.fp = fp
         n = view.nbytes
-        self.rts = n > EAGER_BYTES and link.cma
-        self.stream = n > EAGER_BYTES and not link.cma
+        self.rts = n > EAGER_BYTES and link.cma and (n > STREAM_MAX_BYTES or not engine.own_cores)
+        self.stream = n > EAGER_BYTES and not self.rts
         self.offset = 0
         self.written = False
         self.rts_id = -1
@@ -261,8 +268,8 @@ class ShmP2P:
         self._views = views
         self.bell = bell  # this rank's own: peers ring it
         # spin a little before sleeping, unless the ranks of this host outnumber its cores
-        self._own_cores = len(out) + 1 <= (os.cpu_count() or 1)
-        self._spin = 100e-6 if self._own_cores else 5e-6
+        self.own_cores = len(out) + 1 <= (os.cpu_count() or 1)
+        self._spin = 100e-6 if self.own_cores else 5e-6
         self.out = out
         self.inbound = inbound
         self._in_list = list(inbound.values())
@@ -554,7 +561,7 @@ class ShmP2P:
 
     def spin_for(self, nbytes: int) -> float:
         """How long a wait for a message of ``nbytes`` spins before it sleeps."""
-        if nbytes <= EAGER_BYTES or not self._own_cores:
+        if nbytes <= EAGER_BYTES or not self.own_cores:
             return self._spin
         return max(self._spin, min(MAX_SPIN_S, nbytes * SPIN_S_PER_BYTE))
 
@@ -578,15 +585,15 @@ class ShmP2P:
             return True
         now = time.perf_counter()
         deadline, spin_end = now + timeout, now + (self._spin if spin is None else spin)
-        slow = False
+        slow_at = now + _SLOW_S  # then the flight recorder names the op's caller, once
         while True:
             if test():
                 return True
             now = time.perf_counter()
             if now < spin_end:
                 continue
-            if not slow:  # past the spin, once: the flight recorder names the caller of a slow op
-                slow = True
+            if now >= slow_at:
+                slow_at = deadline + 1.0
                 _recorder_waiting()
             if check is not None:
                 check()

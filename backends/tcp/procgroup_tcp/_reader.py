@@ -265,7 +265,8 @@ class FrameReader:
                                 _recorder_waiting()
                             return NOTHING
                         got = self._spin_then_read()
-                        if got < 0:
+                        if got < 0:  # a tick passed with nothing: the caller's op is a slow one
+                            _recorder_waiting()
                             return NOTHING
                     if got == 0:
                         if self._peer.state.closing:
@@ -340,8 +341,7 @@ class FrameReader:
         where a plain spin would keep it from the sender."""
         poll, end = self._poller.poll, _now() + self.spin
         while not poll(0):
-            if _now() >= end:  # past the spin: the caller's op is a slow one (the flight recorder names its caller)
-                _recorder_waiting()
+            if _now() >= end:
                 break
             _yield()
         try:

@@ -14,8 +14,8 @@ the threads' stacks: an op whose frame still holds its entry is waiting, any oth
 done. What only some ops get is a note beside the entry: a failure (its end time and
 error), an issued op (its Work, weakly), and the caller's file and line (the first frame
 outside procgroup and the backend packages), which are found only for an op that is
-slow: one that waits past its fast spin (:func:`waiting`), fails, or is still running
-when the record is read; an op that completed without waiting has none.
+slow: one that has waited :data:`SLOW_S` (:func:`waiting`), fails, or is still running
+when the record is read; an op that completed sooner has none.
 
 :func:`snapshot` returns the entries as dicts; :func:`dump` adds the stacks of every
 thread (so a rank stuck outside procgroup shows where). A rank publishes its dump
@@ -229,10 +229,16 @@ def _entry_of(frame: Any) -> tuple[Any, ...] | None:
     return entry if type(entry) is tuple and len(entry) == 6 else None
 
 
+#: A wait calls :func:`waiting` once it has lasted this long, never sooner: the stack walk
+#: must not delay a wait's first yield of the core, which on a host with more ranks than
+#: cores is what lets the awaited peer run.
+SLOW_S = 0.01
+
+
 def waiting() -> None:
-    """The calling thread's op is waiting past its fast spin (procgroup.backend.poll and
-    the backends' own slow paths call this once per wait): name its caller now, walking
-    this thread's own stack, so a dump taken while it waits shows where it was called."""
+    """The calling thread's op has waited :data:`SLOW_S` (procgroup.backend.poll and the
+    backends' own slow paths call this once per wait): name its caller now, walking this
+    thread's own stack, so a dump taken while it waits shows where it was called."""
     if RECORDER.size == 0:
         return
     f: Any = _getframe(1)

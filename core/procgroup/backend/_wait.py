@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._work import Work
 
 from ..errors import CommTimeoutError
+from ._recorder import SLOW_S as _SLOW_S
 from ._recorder import waiting as _recorder_waiting
 
 _perf = time.perf_counter
@@ -40,17 +41,17 @@ def poll(test: Callable[[], bool], timeout: float, *, what: str = "", op: str = 
     deadline = now + timeout
     spin_end = now + spin
     yield_end = now + yield_for
+    slow_at = now + _SLOW_S  # then the flight recorder names the op's caller, once
     next_check = spin_end
     nap = nap_min
-    slow = False
     while True:
         if test():
             return
         now = _perf()
         if now < spin_end:
             continue
-        if not slow:
-            slow = True
+        if now >= slow_at:
+            slow_at = deadline + 1.0
             _recorder_waiting()
         if check is not None and now >= next_check:
             check()
