@@ -113,6 +113,14 @@ def p2p_wanted(options: Mapping[str, Any] | None) -> bool:
     return shm_possible(options) and env_flag(ENV_SHM_P2P, True, name="shm_p2p", options=options)
 
 
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity: taskset, a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 # ---------------------------------------------------------------------------- sends
 class SendJob(Work):
     """A send that did not complete at once: queued behind others, waiting for ring
@@ -268,7 +276,7 @@ class ShmP2P:
         self._views = views
         self.bell = bell  # this rank's own: peers ring it
         # spin a little before sleeping, unless the ranks of this host outnumber its cores
-        self.own_cores = len(out) + 1 <= (os.cpu_count() or 1)
+        self.own_cores = len(out) + 1 <= _usable_cores()
         self._spin = 100e-6 if self.own_cores else 5e-6
         self.out = out
         self.inbound = inbound

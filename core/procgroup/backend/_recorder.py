@@ -179,20 +179,27 @@ def holds_entry(fn: Callable[..., Any]) -> None:
     _HOLDERS.add(id(fn.__code__))
 
 
+#: Held while a note is made or the notes are pruned: a prune reads the ring, then drops the
+#: notes not in it, so a note made between the two by another thread (its entry appended
+#: after the read) would be dropped and its op read as done
+_NOTES_LOCK = threading.Lock()
+
+
 def _note(entry: tuple[Any, ...]) -> list[Any]:
     """The note beside ``entry`` (made on first use: an op that is slow, failed or issued)."""
     notes = RECORDER.notes
     key = (entry[_SPEC], entry[_SEQ])
     note = notes.get(key)
     if note is None:
-        if len(notes) >= 2 * RECORDER.size + 64:
-            _prune_notes()
-        note = notes.setdefault(key, [STARTED, None, None, 0, None])
+        with _NOTES_LOCK:
+            if len(notes) >= 2 * RECORDER.size + 64:
+                _prune_notes()
+            note = notes.setdefault(key, [STARTED, None, None, 0, None])
     return note
 
 
 def _prune_notes() -> None:
-    """Drop the notes of entries the ring no longer holds."""
+    """Drop the notes of entries the ring no longer holds (under ``_NOTES_LOCK``)."""
     kept = {(e[_SPEC], e[_SEQ]) for e in RECORDER.entries()}
     notes = RECORDER.notes
     for key in [k for k in list(notes) if k not in kept]:
@@ -440,9 +447,9 @@ def failed(channel: DataChannel, entry: tuple[Any, ...], exc: BaseException) -> 
     except Exception:  # noqa: BLE001 - the record is best effort: the op's own error is what counts
         pass
     note = _note(entry)
-    note[_N_STATE] = FAILED
     note[_N_T1] = _ns()
     note[_N_EXTRA] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    note[_N_STATE] = FAILED  # last: a reader that sees the state sees its time and error
     if isinstance(exc, ProcGroupError) and not getattr(exc, "_flight_seen", False):
         try:
             exc._flight_seen = True  # type: ignore[attr-defined]  # a mark: explained once, however often re-raised
