@@ -252,10 +252,21 @@ def test_sbatch_with_procgroup_run(slurm: Any, jobs: Path) -> None:
         assert r["sum"] == 10.0 and r["addr"] == "h1" and r["port"] == str(port), r
 
 
+#: What slurmstepd's PMI-2 server logs when a task's request reaches it garbled. The MPICH
+#: wheel (5.0) and Slurm 22.05's pmi2 plugin do this now and then (2 launches of about 130
+#: here), inside MPI_Init, before procgroup runs a line: an interop fault between the two
+#: (docs/backends/mpi.md), which the test launches again rather than report as procgroup's.
+PMI2_GARBLED = "mpi/pmi2: invalid client request"
+
+
 def test_mpi_backend_under_srun_pmi2(slurm: Any, jobs: Path) -> None:
     """The mpi backend across both nodes under `srun --mpi=pmi2`: one MPI world of 4."""
-    done = slurm.run(["srun", "-N", "2", "-n", "4", "--mpi=pmi2", "python", jobs / "mpi_job.py"],
-                     env=JOB_ENV, timeout=180)
+    for _attempt in range(3):
+        # -K1: a task whose MPI_Init fails ends the step at once (its peers wait in PMI forever)
+        done = slurm.run(["srun", "-N", "2", "-n", "4", "--mpi=pmi2", "-K1", "python", jobs / "mpi_job.py"],
+                         env=JOB_ENV, timeout=180)
+        if done.returncode == 0 or PMI2_GARBLED not in done.stderr or _records(done.stdout):
+            break
     assert done.returncode == 0, done.stderr
     recs = _records(done.stdout)
     assert [r["rank"] for r in recs] == [0, 1, 2, 3], done.stdout + done.stderr
