@@ -553,3 +553,103 @@ def test_blocking_receives_take_the_ring_directly_and_fall_back_in_order() -> No
     results = spawn(_direct_receives, 2, timeout=30.0)
     assert results[0] == {"sent": True}, results[0]
     assert all(v is True for v in results[1].values()) and len(results[1]) == 6, results[1]
+
+
+# ------------------------------------------------------------------ the streamed / one-copy boundary
+def _one_core() -> None:
+    """taskset to one core, before init: the host's ranks then outnumber their cores."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def _random_bytes(nbytes: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def _around_the_stream_limit(rank: int, size: int) -> dict[str, Any]:
+    """Messages just below, at and just above STREAM_MAX_BYTES, around a ring of ``size``
+    ranks (every rank sends and receives at once) and from every rank to rank 0 at once
+    (two streams interleaved in its rings), one float64 message too; each checked byte for
+    byte, and the path each send took (streamed through the ring, one process_vm_readv)
+    recorded from the real send jobs."""
+    import procgroup as pg
+    from procgroup_tcp import _p2p
+
+    limit = _p2p.STREAM_MAX_BYTES
+    paths: list[tuple[int, str]] = []
+    real_init = _p2p.SendJob.__init__
+
+    def recording(job: Any, *args: Any) -> None:
+        real_init(job, *args)
+        paths.append((job.view.nbytes, "one copy" if job.rts else "streamed" if job.stream else "eager"))
+
+    _p2p.SendJob.__init__ = recording  # type: ignore[method-assign]  # a spy: the real job runs
+    ch: Any = pg.group_channel(pg.group.WORLD)
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    bad = []
+    for nbytes in (limit - 1, limit, limit + 1):
+        into = np.empty(nbytes, dtype=np.uint8)
+        work = pg.irecv(into, prv)
+        pg.send(_random_bytes(nbytes, rank * 10 + nbytes % 7), nxt)
+        work.wait()
+        if not np.array_equal(into, _random_bytes(nbytes, prv * 10 + nbytes % 7)):
+            bad.append(f"ring {nbytes}")
+    for nbytes in (limit, limit + 1):
+        if rank == 0:
+            intos = {src: np.empty(nbytes, dtype=np.uint8) for src in range(1, size)}
+            works = [pg.irecv(into, src, tag=5) for src, into in intos.items()]
+            for w in works:
+                w.wait()
+            bad += [f"fan-in {nbytes} from {src}" for src, into in intos.items()
+                    if not np.array_equal(into, _random_bytes(nbytes, src * 10 + 3))]
+        else:
+            pg.send(_random_bytes(nbytes, rank * 10 + 3), 0, tag=5)
+    floats = _random_bytes(limit, 99 + rank).view(np.float64)  # any bit pattern, NaNs included
+    into_f = np.empty(limit // 8, dtype=np.float64)
+    work = pg.irecv(into_f, prv, tag=6)
+    pg.send(floats, nxt, tag=6)
+    work.wait()
+    if not np.array_equal(into_f.view(np.uint8), _random_bytes(limit, 99 + prv)):
+        bad.append("float64")
+    pg.barrier()
+    return {"bad": bad, "paths": sorted(set(paths)), "own_cores": ch._p2p.own_cores,
+            "cores": _p2p.usable_cores(), "links": _links()}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"env": {"PROCGROUP_TCP_SHM_CORES": "3"}},  # a core each: streamed up to the limit
+        {"setup": _one_core},  # three ranks on one core (taskset): one copy above the eager size
+        {"env": {"PROCGROUP_TCP_SHM_CORES": "3", "PROCGROUP_TCP_SHM_CMA": "0"}},  # no cross-memory copy
+    ],
+    ids=["a-core-each", "one-core", "no-cma"],
+)
+def test_sizes_around_the_stream_limit_take_their_path_and_arrive_intact(case: dict[str, Any]) -> None:
+    from procgroup_tcp._p2p import STREAM_MAX_BYTES as limit
+
+    results = spawn(_around_the_stream_limit, 3, env=case.get("env"), setup=case.get("setup"), timeout=60.0,
+                    job_timeout=180.0)
+    one_core = "setup" in case
+    cma = case.get("env", {}).get("PROCGROUP_TCP_SHM_CMA") != "0"
+    for rank, res in enumerate(results):
+        assert res["bad"] == [], (rank, res)
+        assert res["own_cores"] is (not one_core) and res["cores"] == (1 if one_core else 3), res
+        assert all(v is cma for v in res["links"].values()) and len(res["links"]) == 2, res
+        if not cma:
+            want = {"streamed"}
+        else:
+            want = {"one copy"} if one_core else {"streamed", "one copy"}
+        assert {path for _, path in res["paths"]} == want, (rank, res["paths"])
+        for nbytes, path in res["paths"]:  # the boundary itself: up to the limit streams
+            assert path == ("streamed" if not cma or (not one_core and nbytes <= limit) else "one copy"), res
+
+
+def test_the_core_count_setting_is_checked() -> None:
+    from procgroup.errors import InvalidArgumentError
+    from procgroup_tcp._p2p import usable_cores
+
+    assert usable_cores({"shm_cores": 6}) == 6
+    assert usable_cores({}) == len(os.sched_getaffinity(0))
+    for bad in ("0", "-2", "two", "1.5"):
+        with pytest.raises(InvalidArgumentError, match="shm_cores"):
+            usable_cores({"shm_cores": bad})

@@ -37,10 +37,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from procgroup.backend import CompletedWork, Work, env_flag, fresh
+from procgroup.backend import CompletedWork, Work, env_flag, fresh, setting
 from procgroup.backend._recorder import SLOW_S as _SLOW_S
 from procgroup.backend._recorder import waiting as _recorder_waiting
-from procgroup.errors import ChannelClosedError, CommTimeoutError, PeerError
+from procgroup.errors import ChannelClosedError, CommTimeoutError, InvalidArgumentError, PeerError
 
 from . import _cma
 from ._conn import Landing, Peer
@@ -71,6 +71,10 @@ ENV_SHM_P2P = "PROCGROUP_TCP_SHM_P2P"
 #: PROCGROUP_TCP_SHM_CMA=0 (option ``shm_cma=False``): no rendezvous copy out of the sender's
 #: memory; large messages stream through the ring (what a kernel that forbids it gets)
 ENV_SHM_CMA = "PROCGROUP_TCP_SHM_CMA"
+#: PROCGROUP_TCP_SHM_CORES=N (option ``shm_cores``): the cores this host's ranks share, where the
+#: process's affinity overstates them (a container's CPU quota leaves the affinity whole); it
+#: decides whether each rank has a core (``STREAM_MAX_BYTES``, the spins). Default: the affinity
+ENV_SHM_CORES = "PROCGROUP_TCP_SHM_CORES"
 #: bytes of records per ordered pair
 RING_BYTES = 1 << 20
 #: messages up to this size travel inside the ring; larger ones by rendezvous
@@ -113,8 +117,14 @@ def p2p_wanted(options: Mapping[str, Any] | None) -> bool:
     return shm_possible(options) and env_flag(ENV_SHM_P2P, True, name="shm_p2p", options=options)
 
 
-def _usable_cores() -> int:
-    """The cores this process may run on (its affinity: taskset, a container's cpuset)."""
+def usable_cores(options: Mapping[str, Any] | None = None) -> int:
+    """The cores this host's ranks may run on: PROCGROUP_TCP_SHM_CORES (option ``shm_cores``)
+    when set, else this process's affinity (taskset, a container's cpuset)."""
+    value, source = setting("shm_cores", ENV_SHM_CORES, "", options)
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise InvalidArgumentError(f"{source}={value!r}: expected a whole number of cores >= 1")
+        return int(value)
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -271,12 +281,13 @@ class ShmP2P:
         has_left: Callable[[int], bool],
         match: Callable[[int, int, int, bytes, bytes], Landing],
         corrupt: Callable[[int, BaseException], None],
+        cores: int | None = None,
     ) -> None:
         self._maps = maps
         self._views = views
         self.bell = bell  # this rank's own: peers ring it
         # spin a little before sleeping, unless the ranks of this host outnumber its cores
-        self.own_cores = len(out) + 1 <= _usable_cores()
+        self.own_cores = len(out) + 1 <= (usable_cores() if cores is None else cores)
         self._spin = 100e-6 if self.own_cores else 5e-6
         self.out = out
         self.inbound = inbound
@@ -734,6 +745,7 @@ def open_p2p(
     candidates = _local_candidates(ctx, p2p_wanted(ctx.options))
     if not candidates:
         return None
+    cores = usable_cores(ctx.options)  # a bad setting fails here, before any inbox exists
     slot = {r: i for i, r in enumerate(candidates)}
     inbox_bytes = BLOCK_BYTES + len(candidates) * ring_bytes(RING_BYTES)
     name, inbox, maps = "", None, []
@@ -821,19 +833,22 @@ def open_p2p(
         [ctx.global_rank(r) for r, o in out.items() if o.cma],
     )
     bell = Doorbell(inbox_view)  # type: ignore[arg-type]  # out is not empty, so an inbox was mapped
-    return ShmP2P(maps, views, bell, out, inbound, ctx.timeout, check, has_left, match, corrupt)
+    return ShmP2P(maps, views, bell, out, inbound, ctx.timeout, check, has_left, match, corrupt, cores)
 
 
 __all__ = [
     "CHUNK_BYTES",
     "EAGER_BYTES",
     "ENV_SHM_CMA",
+    "ENV_SHM_CORES",
     "ENV_SHM_P2P",
     "MAX_SPIN_S",
     "RING_BYTES",
     "SETUP_TAG",
     "SPIN_S_PER_BYTE",
+    "STREAM_MAX_BYTES",
     "ShmP2P",
     "open_p2p",
     "p2p_wanted",
+    "usable_cores",
 ]
