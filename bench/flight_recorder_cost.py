@@ -17,13 +17,22 @@ Needs valgrind.
 (``PROCGROUP_FLIGHT_RECORDER=0``) and on, alternated, the order swapped every pair; prints
 each pair's medians and the median of the ratios on/off.
 
+``bisect``: one job of ``--ranks`` ranks (procgroup-run) times loops of ``dist.all_reduce``
+(8 B) with the recorder's entry off, on, and on with one of its parts left out (the
+clock, the size, the op number, the append), the variants interleaved round by round so
+that load hits them alike; rank 0 prints each variant's median time per op and its ratio
+to "off". The recorder stays configured in every variant (its thread, the slow-wait
+lookup): only the entry differs, so what ``ab`` measures beyond this is the rest.
+
     python bench/flight_recorder_cost.py instr [--calls 2000]
     python bench/flight_recorder_cost.py ab [--pairs 10] [--ranks 2,4] [--iters 20000]
+    python bench/flight_recorder_cost.py bisect [--ranks 2] [--iters 2000] [--rounds 41]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import glob
 import json
 import os
@@ -32,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any
 
 ENV_RING = "PROCGROUP_FLIGHT_RECORDER"
@@ -90,8 +100,10 @@ def _inner(calls: int, as_is: bool = False) -> None:
         loops = {"all_reduce": all_reduce_loop, "send": send_loop, "recv": recv_loop}
         names = []
         variants = [("as is", "all_reduce", {})] if as_is else _variants(fast)
+        # "peers" (world rank -> group rank of the other members; "index" in older trees)
+        peers = "peers" if hasattr(fast, "peers") else "index"
         saved = {k: getattr(fast, k) for k in ("all_reduce", "send", "recv", "all_reduce_spec", "send_spec",
-                                               "recv_spec", "index", "ranks")}
+                                               "recv_spec", peers, "ranks")}
         if not as_is:
             from procgroup import _ops
 
@@ -100,7 +112,8 @@ def _inner(calls: int, as_is: bool = False) -> None:
             for k, v in saved.items():
                 setattr(fast, k, v)
             if not as_is:
-                fast.index, fast.ranks = {0: 0, 1: 1}, (0, 1)
+                setattr(fast, peers, {1: 1} if peers == "peers" else {0: 0, 1: 1})
+                fast.ranks = (0, 1)
             for k, v in fields.items():
                 setattr(fast, k, v)
             loop = loops[op]
@@ -174,21 +187,93 @@ def ab(pairs: int, ranks: list[int], iters: int) -> None:
               f"(load average {os.getloadavg()[0]:.1f})", flush=True)
 
 
+#: the all_reduce fast path's entry lines, and what each bisect variant puts in their place
+_ENTRY = "entry = (spec, next(f.coll), None, tensor.nbytes, dtype, _ns())"
+_APPEND = "f.append(entry)"
+_BISECT = {
+    "on": (_ENTRY, _ENTRY),
+    "no clock": (_ENTRY, _ENTRY.replace("_ns()", "0")),
+    "no size": (_ENTRY, _ENTRY.replace("tensor.nbytes", "8")),
+    "no op number": (_ENTRY, _ENTRY.replace("next(f.coll)", "0")),
+    "no append": (_APPEND, "pass"),
+    "ring of 16": (_APPEND, "_ring16(entry)"),  # the same work on a ring that stays in cache
+}
+
+
+def _bisect_rank(iters: int, rounds: int) -> None:
+    """One rank of ``bisect`` (run under procgroup-run)."""
+    import inspect
+    import textwrap
+
+    import numpy as np
+
+    import procgroup as dist
+    from procgroup import _ops, _state
+    from procgroup.backend import _recorder
+
+    dist.init_process_group("tcp")
+    fast = _state.resolve(None).fast
+    x = np.zeros(2, dtype=np.float32)  # zeros: a sum that never overflows
+    dist.all_reduce(x)  # the checked path lets (SUM, float32) through to the fast path
+    source = textwrap.dedent(inspect.getsource(_ops.all_reduce))
+    for line in (_ENTRY, _APPEND):
+        if source.count(line) != 1:
+            raise SystemExit(f"bisect: the all_reduce fast path no longer has the line {line!r}")
+    spec = fast.all_reduce_spec
+    variants: dict[str, Any] = {"off": _ops.all_reduce}
+    for name, (line, instead) in _BISECT.items():
+        scope = dict(vars(_ops), _ring16=collections.deque(maxlen=16).append)
+        exec(source.replace(line, instead), scope)  # the op layer's own source, one line changed
+        variants[name] = scope["all_reduce"]
+        _recorder.holds_entry(scope["all_reduce"])
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fast.all_reduce_spec = None if name == "off" else spec
+            op = variants[name]
+            dist.barrier()
+            t = time.perf_counter_ns()
+            for _ in range(iters):
+                op(x)
+            times[name].append((time.perf_counter_ns() - t) / iters / 1e3)
+    fast.all_reduce_spec = spec
+    if dist.get_rank() == 0:
+        off = statistics.median(times["off"])
+        print(f"{dist.get_world_size()} ranks, {rounds} rounds of {iters} all_reduce (8 B) each, "
+              f"load average {os.getloadavg()[0]:.1f}")
+        for name, got in times.items():
+            med = statistics.median(got)
+            print(f"  {name:14s} {med:8.2f} us/op  {med / off:6.3f}x off  ({med - off:+.2f} us)", flush=True)
+    dist.destroy_process_group()
+
+
+def bisect(ranks: int, iters: int, rounds: int) -> None:
+    run = os.path.join(os.path.dirname(sys.executable), "procgroup-run")
+    subprocess.run([run, "-n", str(ranks), "--no-prefix", __file__, "_bisect", "--iters", str(iters),
+                    "--rounds", str(rounds)], check=True, timeout=3600)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["instr", "ab", "_inner"])
+    p.add_argument("mode", choices=["instr", "ab", "bisect", "_inner", "_bisect"])
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--pairs", type=int, default=10)
     p.add_argument("--ranks", default="2,4")
-    p.add_argument("--iters", type=int, default=20000)
+    p.add_argument("--iters", type=int, default=None, help="ab: 20000; bisect: 2000 per round")
+    p.add_argument("--rounds", type=int, default=41)
     p.add_argument("--as-is", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.mode == "_inner":
         _inner(a.calls, a.as_is)
     elif a.mode == "instr":
         instr(a.calls)
+    elif a.mode == "_bisect":
+        _bisect_rank(a.iters or 2000, a.rounds)
+    elif a.mode == "bisect":
+        bisect(int(a.ranks.split(",")[0]), a.iters or 2000, a.rounds)
     else:
-        ab(a.pairs, [int(r) for r in a.ranks.split(",")], a.iters)
+        ab(a.pairs, [int(r) for r in a.ranks.split(",")], a.iters or 20000)
 
 
 if __name__ == "__main__":

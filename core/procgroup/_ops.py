@@ -89,6 +89,9 @@ _ns = time.perf_counter_ns
 #: the value of a public op's first parameter when the caller did not pass it (then an
 #: older keyword spelling may carry it: the renaming path sorts that out)
 _MISSING: Any = object()
+#: the default tag: ``tag is _TAG0`` proves an int in range in one identity test (CPython
+#: keeps one object for each small int), the full check runs for any other tag
+_TAG0 = 0
 
 
 class FastPath:
@@ -97,15 +100,17 @@ class FastPath:
     need to write the flight recorder's entry themselves (procgroup.backend._recorder:
     ``*_spec`` is None when the recorder is off or the callable records itself)."""
 
-    __slots__ = ("send", "recv", "all_reduce", "index", "ranks", "me", "channel", "append", "coll", "p2p",
+    __slots__ = ("send", "recv", "all_reduce", "peers", "ranks", "channel", "append", "coll", "p2p",
                  "send_spec", "recv_spec", "all_reduce_spec")
 
     def __init__(self, g: Group) -> None:
         channel: Any = g.channel
         self.channel = channel
-        self.index: dict[int, int] = {r: i for i, r in enumerate(g.ranks)}  # world rank -> group rank
+        # world rank -> group rank of the group's other members: one subscript answers both
+        # "is it a member" and "is it not this process" (a miss takes the checked path,
+        # which names the problem)
+        self.peers: dict[int, int] = {r: i for i, r in enumerate(g.ranks) if i != g.rank}
         self.ranks: tuple[int, ...] = g.ranks  # group rank -> world rank
-        self.me: int = g.ranks[g.rank]  # this process's world rank
         # the callables unrecorded: the op functions write the entry (one frame fewer per op)
         self.send: Callable[[Any, int, int], None] = channel.blocking("send", recorded=False)
         self.recv: Callable[[Any, int | None, int], int] = channel.blocking("recv", recorded=False)
@@ -196,27 +201,32 @@ _send_renaming = _renaming(_send, "send", {"array": "tensor"})
 def send(tensor: Any = _MISSING, dst: int | None = None, group: GroupArg = None, tag: int = 0,
          group_dst: int | None = None, **_aliases: Any) -> None:
     f = _world_fast if group is None else group.fast if type(group) is Group else None
-    if (f is not None and type(tensor) is _ndarray and type(dst) is int and type(tag) is int
-            and 0 <= tag < MAX_USER_TAG and group_dst is None and not _aliases):
-        dtype = tensor.dtype
-        peer = f.index.get(dst)
-        if peer is not None and dst != f.me and dtype in _p2p_dtypes and tensor.flags.c_contiguous:
-            spec = f.send_spec
-            if spec is None:
+    if (f is not None and type(tensor) is _ndarray and type(dst) is int
+            and (tag is _TAG0 or type(tag) is int and 0 <= tag < MAX_USER_TAG)
+            and group_dst is None and not _aliases):
+        try:
+            peer = f.peers[dst]
+        except KeyError:  # not another member of the group: the checked path says so
+            pass
+        else:
+            dtype = tensor.dtype
+            if dtype in _p2p_dtypes and tensor.flags.c_contiguous:
+                spec = f.send_spec
+                if spec is None:
+                    try:
+                        f.send(tensor, peer, tag)
+                    except ProcGroupError as exc:
+                        _name_op(exc, "send", _state.resolve(group))
+                        raise
+                    return
+                entry = (spec, next(f.p2p), peer, tensor.nbytes, dtype, _ns())
+                f.append(entry)
                 try:
                     f.send(tensor, peer, tag)
-                except ProcGroupError as exc:
-                    _name_op(exc, "send", _state.resolve(group))
+                except BaseException as exc:
+                    _fast_failed(f, entry, exc, "send", group)
                     raise
                 return
-            entry = (spec, next(f.p2p), peer, tensor.nbytes, dtype, _ns())
-            f.append(entry)
-            try:
-                f.send(tensor, peer, tag)
-            except BaseException as exc:
-                _fast_failed(f, entry, exc, "send", group)
-                raise
-            return
     if _aliases or tensor is _MISSING:
         return _send_renaming(*_given(tensor), dst=dst, group=group, tag=tag, group_dst=group_dst,
                               **_aliases)
@@ -249,11 +259,19 @@ _recv_renaming = _renaming(_recv, "recv", {"array": "tensor"})
 def recv(tensor: Any = _MISSING, src: int | None = None, group: GroupArg = None, tag: int = 0,
          group_src: int | None = None, **_aliases: Any) -> int:
     f = _world_fast if group is None else group.fast if type(group) is Group else None
-    if (f is not None and type(tensor) is _ndarray and type(tag) is int and 0 <= tag < MAX_USER_TAG
+    if (f is not None and type(tensor) is _ndarray and (tag is _TAG0 or type(tag) is int and 0 <= tag < MAX_USER_TAG)
             and group_src is None and not _aliases):
-        dtype = tensor.dtype
         # None: any source; -1: not one of the group's other ranks (the checked path says so)
-        peer = None if src is None else f.index.get(src, -1) if type(src) is int and src != f.me else -1
+        if src is None:
+            peer = None
+        elif type(src) is int:
+            try:
+                peer = f.peers[src]
+            except KeyError:
+                peer = -1
+        else:
+            peer = -1
+        dtype = tensor.dtype
         if peer != -1 and dtype in _p2p_dtypes and tensor.flags.carray:
             spec = f.recv_spec
             if spec is None:
