@@ -259,34 +259,30 @@ _recv_renaming = _renaming(_recv, "recv", {"array": "tensor"})
 def recv(tensor: Any = _MISSING, src: int | None = None, group: GroupArg = None, tag: int = 0,
          group_src: int | None = None, **_aliases: Any) -> int:
     f = _world_fast if group is None else group.fast if type(group) is Group else None
-    if (f is not None and type(tensor) is _ndarray and (tag is _TAG0 or type(tag) is int and 0 <= tag < MAX_USER_TAG)
+    if (f is not None and type(tensor) is _ndarray and (src is None or type(src) is int)
+            and (tag is _TAG0 or type(tag) is int and 0 <= tag < MAX_USER_TAG)
             and group_src is None and not _aliases):
-        # None: any source; -1: not one of the group's other ranks (the checked path says so)
-        if src is None:
-            peer = None
-        elif type(src) is int:
-            try:
-                peer = f.peers[src]
-            except KeyError:
-                peer = -1
+        try:
+            peer = None if src is None else f.peers[src]  # None: any source
+        except KeyError:  # not another member of the group: the checked path says so
+            pass
         else:
-            peer = -1
-        dtype = tensor.dtype
-        if peer != -1 and dtype in _p2p_dtypes and tensor.flags.carray:
-            spec = f.recv_spec
-            if spec is None:
+            dtype = tensor.dtype
+            if dtype in _p2p_dtypes and tensor.flags.carray:
+                spec = f.recv_spec
+                if spec is None:
+                    try:
+                        return f.ranks[f.recv(tensor, peer, tag)]
+                    except ProcGroupError as exc:
+                        _name_op(exc, "recv", _state.resolve(group))
+                        raise
+                entry = (spec, next(f.p2p), peer, tensor.nbytes, dtype, _ns())
+                f.append(entry)
                 try:
                     return f.ranks[f.recv(tensor, peer, tag)]
-                except ProcGroupError as exc:
-                    _name_op(exc, "recv", _state.resolve(group))
+                except BaseException as exc:
+                    _fast_failed(f, entry, exc, "recv", group)
                     raise
-            entry = (spec, next(f.p2p), peer, tensor.nbytes, dtype, _ns())
-            f.append(entry)
-            try:
-                return f.ranks[f.recv(tensor, peer, tag)]
-            except BaseException as exc:
-                _fast_failed(f, entry, exc, "recv", group)
-                raise
     if _aliases or tensor is _MISSING:
         return _recv_renaming(*_given(tensor), src=src, group=group, tag=tag, group_src=group_src,
                               **_aliases)
