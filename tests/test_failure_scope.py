@@ -12,13 +12,19 @@ from the dead rank fail; an any-source receive fails until the failure is acknow
 then hears the live ranks (a master collecting its workers' results), and
 ``failure_get_acked`` lists the dead rank. The op timeout (600 s) is far beyond the
 job's, so a survivor that waited for it instead of hearing of the death fails the job.
+
+The first failure wins (issue 30): a rank that learns of the death only after a rank
+that left because of it (see ``first_failure_wins``) still names the death first.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import procgroup as pg
@@ -176,3 +182,78 @@ def test_a_death_fails_only_what_involves_the_dead_rank(transport: str) -> None:
         env = gloo_engine_env(transport.split("-")[1])
     results = spawn(scope_of_a_death, SIZE, backend, env=env, expect_dead=[VICTIM], timeout=600, job_timeout=180)
     assert results[:VICTIM] == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- the first failure wins
+# Issue 30 item 5: an error that follows from an earlier death names that death. The
+# ranks of this job: the victim dies; the leaver hears of it only from the detector,
+# fails and exits at once without a goodbye (as a crashed or killed process); the slow
+# rank is stopped (SIGSTOP) through all of it and resumed once the leaver is gone. It can
+# learn of the death only from the detector's and the leaver's streams, which its threads
+# then read in any order: the leaver's stream must carry the death before its end, or the
+# slow rank blames the leaver. The victim is stopped too (its sockets to the leaver and
+# the slow rank stay open and silent) after it cut its connection to the detector.
+LEAVER, FIRST_VICTIM, SLOW, DETECTOR = 0, 1, 2, 3
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (R, S, T stopped, Z exited), or "gone" once it is reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _wait_state(pid: int, *states: str) -> None:
+    deadline = time.monotonic() + 60
+    while _state(pid) not in states:
+        assert time.monotonic() < deadline, f"process {pid} never reached state {states}"
+        time.sleep(0.005)
+
+
+def first_failure_wins(rank: int, size: int) -> object:
+    pids: list[Any] = [None] * size
+    pg.all_gather_object(pids, os.getpid())
+    pg.barrier()
+    if rank == SLOW:
+        os.kill(os.getpid(), signal.SIGSTOP)  # resumed by the detector once the leaver is gone
+        try:
+            got = np.empty(1)
+            with pytest.raises(pg.PeerError) as info:  # the leaver vanished after the death: a consequence
+                pg.recv(got, src=LEAVER)
+            err = info.value
+            assert err.rank == FIRST_VICTIM and err.ranks[:2] == (FIRST_VICTIM, LEAVER), (err, err.ranks)
+            assert str(err).find(f"rank {FIRST_VICTIM}") < str(err).find(f"rank {LEAVER}"), err
+            with pytest.raises(pg.PeerError) as info:  # a collective names the first death, not the lowest rank
+                pg.all_reduce(np.ones(4))
+            assert info.value.rank == FIRST_VICTIM, (info.value, info.value.ranks)
+            assert f"rank {FIRST_VICTIM} of it failed" in str(info.value), info.value
+            assert sorted(pg.failed_ranks()) == [LEAVER, FIRST_VICTIM], pg.failed_ranks()
+            return str(err)
+        finally:
+            os.kill(int(pids[FIRST_VICTIM]), signal.SIGKILL)
+    if rank == FIRST_VICTIM:
+        _wait_state(int(pids[SLOW]), "T")
+        pg.group_channel()._peers[DETECTOR].sock.shutdown(socket.SHUT_WR)  # its EOF; its reader here sees none
+        os.kill(os.getpid(), signal.SIGSTOP)  # killed by the slow rank at the end
+        return None
+    _wait_state(int(pids[SLOW]), "T")
+    with pytest.raises(pg.PeerError) as info:
+        pg.all_reduce(np.ones(4))
+    assert info.value.rank == FIRST_VICTIM, (info.value, info.value.ranks)
+    if rank == LEAVER:
+        os._exit(0)  # at once, without a goodbye
+    _wait_state(int(pids[LEAVER]), "Z", "gone")
+    os.kill(int(pids[SLOW]), signal.SIGCONT)
+    return rank
+
+
+def test_the_first_failure_wins() -> None:
+    """Every survivor names the first death, also one that hears of it only after a rank
+    that left because of it: the slow rank's error on the leaver names the victim first."""
+    env = {"PROCGROUP_TCP_SHM": "0", "PROCGROUP_HEARTBEAT_TIMEOUT": "120"}
+    results = spawn(first_failure_wins, 4, "tcp", env=env, expect_dead=[LEAVER, FIRST_VICTIM], timeout=120,
+                    job_timeout=90)
+    assert results[DETECTOR] == DETECTOR
+    assert f"rank {FIRST_VICTIM}" in results[SLOW], results

@@ -161,34 +161,35 @@ class Deaths:
         them at this moment, and its error must not lose the race to this one)."""
         ch = self._ch
         exc: BaseException = left_error(peer.global_rank)
-        dead = ch.failed_ranks()
+        first = self._first_death(besides=peer.rank)
         if ch.failure is not None:
             exc = ch.failure
-        elif dead:
-            gr = self.ctx.global_rank(dead[0])
-            exc = PeerError(f"rank {gr} died (rank {peer.global_rank} left after it)", rank=gr)
+        elif first is not None:
+            gr = self.ctx.global_rank(first[0])
+            exc = PeerError(f"rank {gr} died (rank {peer.global_rank} left after it)", rank=gr,
+                            ranks=(gr, peer.global_rank))
         if ch._p2p is not None and peer.rank in ch._shm_out:
             ch._p2p.drain_from(peer.rank)
             ch._p2p.fail_to(peer.rank, exc)
         ch._matcher.fail_from(peer.rank, exc)
 
     def peer_failed(self, peer: Peer, exc: PeerError) -> None:
-        """A connection dropped without goodbye: fail what involves that rank, and tell the
-        other peers which rank it was (they may see this rank go next, and must not blame
-        it; a later death is told too, so every survivor learns of each)."""
+        """A connection dropped without goodbye: fail what involves that rank, after telling
+        the other peers which rank it was (they may see this rank go next, and must not
+        blame it; a later death is told too, so every survivor learns of each). A death
+        that follows one known here is reported as its consequence: the first one is named
+        first (``rank``), on every survivor, whatever order its threads read the news in."""
         ch = self._ch
         if ch.closed:
             peer.reader.fail_current(exc)
             return
-        first = ch.peer_died(peer.rank, exc)  # recorded before the callers wake (failed_ranks)
+        if peer.rank not in self.scopes.dead:  # news here (two threads may both tell: harmless)
+            earlier = self._first_death(besides=peer.rank)
+            if earlier is not None:
+                exc = self._after(earlier, peer.global_rank, exc)
+            self._tell_others(peer.rank, peer.global_rank, str(exc), teller=None)
+        ch.peer_died(peer.rank, exc)  # recorded before the callers wake (failed_ranks)
         peer.reader.fail_current(exc)
-        if not first:
-            return
-        body = LOST.pack(peer.global_rank) + str(exc).encode()[:MAX_LOST_BYTES - LOST.size]
-        dead = ch.failed_ranks()
-        for other in ch._peers.values():
-            if other is not peer and not other.left and other.rank not in dead:
-                other.send_notice(body, KIND_PEER_LOST)  # now: this process may exit next
 
     def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
         """A peer lost rank ``lost``: it is dead here too (named by that rank), and the
@@ -199,7 +200,13 @@ class Deaths:
         local = self._local_rank(lost)
         if local is None or local == ch.rank:
             self.break_all(peer, exc)
-        elif ch.peer_died(local, exc):  # recorded, then what involves it fails
+            return
+        if local not in self.scopes.dead:  # passed on before this rank's calls hear of it
+            earlier = self._first_death(besides=local)
+            if earlier is not None:
+                exc = self._after(earlier, lost, exc)
+            self._tell_others(local, lost, reason, teller=peer)
+        if ch.peer_died(local, exc):  # recorded, then what involves it fails
             gone = ch._peers.get(local)
             if gone is not None:
                 gone.kill()
@@ -264,11 +271,42 @@ class Deaths:
         ch._retire_arena()
         return True
 
+    # ---------------------------------------------------------------- telling the others
+    def _tell_others(self, lost: int, lost_global: int, reason: str, teller: Peer | None) -> None:
+        """Tell every live peer but ``teller`` (who told this rank) that channel rank ``lost``
+        is dead, before this rank's own calls hear of it: a caller may exit on that error at
+        once without a goodbye, and a peer must then read the death in this rank's stream
+        before the stream's end, or it would blame this rank's exit first (its threads read
+        the streams of several peers in no set order). Each rank passes a death on once:
+        n - 2 small notices per rank and death."""
+        body = LOST.pack(lost_global) + reason.encode()[:MAX_LOST_BYTES - LOST.size]
+        dead = self.scopes.dead
+        for other in list(self._ch._peers.values()):
+            if other is not teller and other.rank != lost and not other.left and other.rank not in dead:
+                other.send_notice(body, KIND_PEER_LOST)
+
+    def _first_death(self, besides: int) -> tuple[int, BaseException] | None:
+        """The first death this rank learnt of (channel rank, error), other than ``besides``."""
+        for rank, exc in list(self.scopes.dead.items()):
+            if rank != besides:
+                return rank, exc
+        return None
+
+    def _after(self, first: tuple[int, BaseException], gone: int, exc: PeerError) -> PeerError:
+        """Rank ``gone``'s loss (``exc``) told as what followed the first death (unless the
+        rank that reported it said so already)."""
+        gr = self.ctx.global_rank(first[0])
+        text = str(exc)
+        if not text.startswith(f"rank {gr} failed first"):
+            text = f"rank {gr} failed first ({first[1]}); then {text}, maybe because of it"
+        return PeerError(text, rank=gr, ranks=(gr, gone))
+
     def tell_deaths(self) -> None:
         """Before the goodbyes: every live peer hears of each death this rank knows of, in
         the stream its goodbye follows. A peer waiting on this rank then learns the cause
-        before the leave, however its threads are scheduled (a rank told of a death by a
-        notice does not pass it on at once; a peer known to know it ignores it)."""
+        before the leave, however its threads are scheduled (a death learnt here was passed
+        on then, but a peer that connected later, or a send that timed out, may have missed
+        it; a peer that knows it already ignores it)."""
         ch = self._ch
         dead = ch.failed_ranks()
         if not dead:

@@ -46,7 +46,7 @@ class GroupScope:
         self.gid = gid
         self.members = members
         self._global_rank = global_rank
-        #: root rank -> the error its death was reported with
+        #: root rank -> the error its death was reported with, in the order learnt
         self.dead: dict[int, BaseException] = {}
         #: root ranks whose death the caller acknowledged (``failure_ack``)
         self.acked: set[int] = set()
@@ -70,11 +70,12 @@ class GroupScope:
             return self.revoked
         if not self.dead:
             return None
-        first = min(self.dead)
-        dead = self._world(self.dead)
-        return PeerError(f"a collective of this group cannot complete: rank {self._world([first])[0]} of it "
+        first = next(iter(self.dead))  # the first death learnt: the later ones may follow from it
+        gr = self._world([first])[0]
+        dead = [gr] + [r for r in self._world(self.dead) if r != gr]
+        return PeerError(f"a collective of this group cannot complete: rank {gr} of it "
                          f"failed ({self.dead[first]}); shrink() the group to go on, or use a group without it",
-                         rank=dead[0], ranks=dead)
+                         rank=gr, ranks=dead)
 
     def any_source_error(self) -> BaseException | None:
         """Why an any-source receive of this group cannot wait, or None."""
