@@ -1,7 +1,7 @@
 """The two-level all_reduce model, fitted to procgroup-bench runs on simulated clusters.
 
     python bench/twolevel_model.py simcluster-shapes/*.json [--variant tcp] [--predict 64x8]
-        [--link-rate 100gbit] [--stream-rate 1.6e9]
+        [--link-rate 100gbit] [--stream-rate 1.6e9] [--no-overlap]
 
 Alpha-beta terms per level, in the algorithms' own structure (``procgroup_tcp._collectives``
 picks which applies, by topology and size):
@@ -15,6 +15,10 @@ picks which applies, by topology and size):
 
 Sliced (all_reduce >= SLICED_MIN_BYTES, L ranks per host each leading S/L):
     T = 2 a_host + 2 S (L-1)/L b_host + 2(H-1) a_net + 2 S (H-1)/H b_net
+Streamed (slices of STREAMED_MIN_BYTES and more, on the ring): the host stage rides on
+the ring's H chunks, so only the first chunk's comes before the ring and the last one's
+after it: the b_host term shrinks to 2 S (L-1)/(L H) (``--no-overlap`` keeps the whole
+term, as if the host stage ran beside the ring on no spare core).
 One leader per host (smaller): T = 2 a_host + 2 S (L-1) b_host + [inter of S over H]
 One rank per host (flat): only the between-host term.
 
@@ -38,6 +42,7 @@ import numpy as np
 
 #: procgroup_tcp._collectives: sliced from this size; the flat ring from RING_MIN by size
 SLICED_MIN_BYTES = 512 * 1024
+STREAMED_MIN_BYTES = 8 << 20
 RING_MIN_BYTES = {2: 1 << 20, 3: 1 << 20, 4: 256 * 1024}
 NAMES = ("a_host", "b_host", "a_net", "b_net")
 
@@ -56,16 +61,21 @@ def _inter(h: int, s: float) -> tuple[float, float]:
     return float(rounds), rounds * s
 
 
-def features(h: int, local: int, s: float) -> list[float]:
-    """The coefficients of (a_host, b_host, a_net, b_net) in T for this shape and size."""
+def features(h: int, local: int, s: float, overlap: bool = True) -> list[float]:
+    """The coefficients of (a_host, b_host, a_net, b_net) in T for this shape and size
+    (``overlap``: the streamed ring hides the host stage but for its first and last chunk)."""
     if local <= 1:
         steps, wire = _inter(h, s)
         return [0.0, 0.0, steps, wire]
     if h <= 1:
         raise ValueError("one host: the shared-memory arena, not this model")
     if s >= SLICED_MIN_BYTES:
-        steps, wire = _inter(h, s / local)
-        return [2.0, 2.0 * s * (local - 1) / local, steps, wire * local]
+        part = s / local
+        steps, wire = _inter(h, part)
+        host = 2.0 * s * (local - 1) / local
+        if overlap and part >= STREAMED_MIN_BYTES and part >= _ring_min(h):
+            host /= h
+        return [2.0, host, steps, wire * local]
     steps, wire = _inter(h, s)
     return [2.0, 2.0 * s * (local - 1), steps, wire]
 
@@ -85,9 +95,9 @@ def load(paths: list[str], variant: str) -> list[tuple[int, int, int, float]]:
     return points
 
 
-def fit(points: list[tuple[int, int, int, float]]) -> np.ndarray:
+def fit(points: list[tuple[int, int, int, float]], overlap: bool = True) -> np.ndarray:
     """Least squares on relative error; a coefficient that comes out negative is dropped."""
-    rows = np.array([features(h, local, s) for h, local, s, _ in points])
+    rows = np.array([features(h, local, s, overlap) for h, local, s, _ in points])
     times = np.array([t for *_, t in points])
     keep = list(range(rows.shape[1]))
     while True:
@@ -114,6 +124,10 @@ def main() -> int:
     p.add_argument("--measured-link", default="1gbit", help="the links the runs were measured on")
     p.add_argument("--stream-rate", type=float, default=1.6e9,
                    help="bytes/s one rank's socket stream carries at most (docs/performance.md)")
+    p.add_argument("--a-net", type=float, default=None, metavar="US",
+                   help="prediction only: this per-step cost between hosts (microseconds) instead of the fitted one")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="model the streamed ring's host stage as not overlapped (the whole b_host term)")
     args = p.parse_args()
     from procgroup.bench._options import parse_link_rate
 
@@ -121,7 +135,8 @@ def main() -> int:
     if len(points) < 4:
         print(f"need at least 4 points, found {len(points)}", file=sys.stderr)
         return 2
-    coef = fit(points)
+    coef = fit(points, args.overlap)
+    errors = []
     print("| coefficient | fitted |\n|---|---:|")
     units = {"a_host": 1e6, "a_net": 1e6, "b_host": 1e9, "b_net": 1e9}
     for name, c in zip(NAMES, coef):
@@ -131,8 +146,11 @@ def main() -> int:
             print(f"| {name} | {c * units[name]:.3f} ns/B ({1 / c / 1e6 if c else math.inf:.0f} MB/s) |")
     print("\n| shape | size | measured | model | error |\n|---|---:|---:|---:|---:|")
     for h, local, s, t in sorted(points):
-        m = float(np.dot(features(h, local, s), coef))
+        m = float(np.dot(features(h, local, s, args.overlap), coef))
+        errors.append(abs(m - t) / t)
         print(f"| {h}x{local} | {_size(s)} | {t * 1e3:.1f} ms | {m * 1e3:.1f} ms | {100 * (m - t) / t:+.0f} % |")
+    print(f"\n{len(points)} points, relative error: mean {100 * np.mean(errors):.0f} %, "
+          f"largest {100 * max(errors):.0f} % ({'streamed ring overlapped' if args.overlap else 'no overlap'})")
     measured = parse_link_rate(args.measured_link)
     target = parse_link_rate(args.link_rate)
     h, _, local_text = args.predict.partition("x")
@@ -141,15 +159,17 @@ def main() -> int:
     b_net = max(1 / (efficiency * target), 1 / (max(local, 1) * args.stream_rate))
     pred = coef.copy()
     pred[3] = b_net
+    if args.a_net is not None:
+        pred[2] = args.a_net / 1e6
     print(f"\nPrediction for {hosts} hosts x {local} ranks on {args.link_rate} links: link efficiency "
           f"{efficiency:.2f} (fitted), b_net {b_net * 1e9:.4f} ns/B ({1 / b_net / 1e9:.2f} GB/s per host, "
           f"the {'link' if 1 / (efficiency * target) >= 1 / (local * args.stream_rate) else 'hosts streams'} "
-          f"limits)\n")
+          f"limits){'' if args.a_net is None else f'; a_net {args.a_net:g} us (given, not fitted)'}\n")
     print("| size | time | busbw | of the link | network terms only: time, of the link | "
           "one flat ring over all ranks: time |")
     print("|---:|---:|---:|---:|---:|---:|")
     for s in (64 << 10, 4 << 20, 64 << 20, 1 << 30):
-        f = features(hosts, local, s)
+        f = features(hosts, local, s, args.overlap)
         t = float(np.dot(f, pred))
         net = float(np.dot(f[2:], pred[2:]))
         flat = pred.copy()
