@@ -71,12 +71,21 @@ class Doorbell:
                 ctypes.c_long(0),
             )
 
+    def wake(self) -> None:
+        """:meth:`ring` for a writer that released a lock after its write (a locked
+        instruction: a full fence on x86-64): wake the owner only if it sleeps. An owner
+        going to sleep raises its sleepers flag and releases a lock too before its last
+        look at ``ready()``, so of the two one sees the other's store: either this sees
+        the flag and rings, or the owner sees the write and does not sleep."""
+        if self._words[_SLEEPERS]:
+            self.ring()
+
     def sleep(self, ready: object, seconds: float) -> None:
         """Sleep up to ``seconds`` unless rung; ``ready()`` is tested once more after the
         sleepers flag is up, so a ring that came just before is not slept through."""
         w = self._words
         seen = w[_SEQ]
-        with self._lock:
+        with self._lock:  # its release fences the flag's store before ready() reads (wake())
             self._sleepers += 1
             w[_SLEEPERS] = 1
         try:

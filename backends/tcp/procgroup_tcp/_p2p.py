@@ -519,16 +519,17 @@ class ShmP2P:
                 return False
         finally:
             lock.release()
-        link.bell.ring()
+        link.bell.wake()  # after the release: the record's store is fenced before the flag is read
         return True
 
     def send(self, link: OutLink, view: memoryview, tag: int, dtype_char: bytes, fp: bytes) -> None:
         """A blocking send: returns once ``view`` may be reused."""
         if view.nbytes <= EAGER_BYTES and not link.queue:  # the common case, _start's first branch inline
             with link.lock:
-                if not self._closed and not link.queue and link.writer.put(K_EAGER, dtype_char, tag, fp, view):
-                    link.bell.ring()
-                    return
+                done = not self._closed and not link.queue and link.writer.put(K_EAGER, dtype_char, tag, fp, view)
+            if done:
+                link.bell.wake()  # after the release, as send_small
+                return
         job = self._start(link, view, tag, dtype_char, fp)
         if job is not None:
             job.wait()

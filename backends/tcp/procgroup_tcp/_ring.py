@@ -41,26 +41,24 @@ RTS = struct.Struct("<QQ")
 # the header without its fingerprint: what a direct receive reads (it expects none)
 _HEAD = struct.Struct("<BcHIQQ")
 #: a small message's payload is packed with its header (``RingWriter.put_small``) and unpacked
-#: (``RingReader.take_small``) by a struct of its size: one call each, where memoryview slices
-#: cost several times as much
+#: with it (``RingReader.take_small``) by a struct of its size: one call each, where memoryview
+#: slices cost several times as much
 SMALL_BYTES = 4096
-_RECORDS: dict[int, struct.Struct] = {}  # payload bytes -> header + payload, filled on first use
-_PAYLOADS: dict[int, struct.Struct] = {}  # payload bytes -> payload alone
+# payload bytes -> (header + payload, span), filled on first use
+_RECORDS: dict[int, tuple[struct.Struct, int]] = {}
+# payload bytes -> (header without fingerprint + payload, payload alone, span)
+_TAKES: dict[int, tuple[struct.Struct, struct.Struct, int]] = {}
 
 
-def _record_struct(n: int) -> struct.Struct:
-    st = _RECORDS.get(n)
-    if st is None:
-        st = _RECORDS[n] = struct.Struct(f"<BcHIQQ32s{n}s")
-    return st
+def _record_struct(n: int) -> tuple[struct.Struct, int]:
+    got = _RECORDS[n] = (struct.Struct(f"<BcHIQQ32s{n}s"), (HEADER_BYTES + n + 7) & ~7)
+    return got
 
 
-def payload_struct(n: int) -> struct.Struct:
-    """The struct of ``n`` payload bytes (cached): packs into and unpacks from any buffer."""
-    st = _PAYLOADS.get(n)
-    if st is None:
-        st = _PAYLOADS[n] = struct.Struct(f"{n}s")
-    return st
+def _take_structs(n: int) -> tuple[struct.Struct, struct.Struct, int]:
+    got = _TAKES[n] = (struct.Struct(f"<BcHIQQ32x{n}s"), struct.Struct(f"{n}s"), (HEADER_BYTES + n + 7) & ~7)
+    return got
+
 
 K_PAD = 1  # nothing here: go on at offset 0
 K_EAGER = 2  # a whole message
@@ -163,26 +161,23 @@ class RingWriter:
 
     def put_small(self, dtype_char: bytes, tag: int, fp: bytes, payload: bytes) -> bool:
         """:meth:`put` of an eager message of at most ``SMALL_BYTES`` given as bytes: header
-        and payload packed in one call (the 8 B message's path)."""
-        cap = self.capacity
-        tail = self._tail
-        pos = tail % cap
+        and payload packed in one call (the 8 B message's path). A record that needs a pad,
+        or ends too near the ring's end for a header after it, goes through :meth:`put`."""
         n = len(payload)
-        span = (HEADER_BYTES + n + 7) & ~7
-        pad = pos + span > cap
-        start = 0 if pad else pos
-        end = start + span
-        need = (cap - pos if pad else 0) + (cap if cap - end < HEADER_BYTES else end) - start
-        if tail + need - self._head > cap:
+        st, span = _RECORDS.get(n) or _record_struct(n)
+        tail = self._tail
+        cap = self.capacity
+        pos = tail % cap
+        if cap - pos - span < HEADER_BYTES:  # a pad first, or the ring's last bytes taken too
+            return self.put(K_EAGER, dtype_char, tag, fp, payload)  # type: ignore[arg-type]  # bytes slices as a view does
+        tail += span
+        if tail - self._head > cap:
             self._head = self._words[_HEAD_WORD]
-            if tail + need - self._head > cap:
+            if tail - self._head > cap:
                 return False
-        st = _RECORDS.get(n) or _record_struct(n)
-        if pad:
-            RECORD.pack_into(self._data, pos, K_PAD, b"B", 0, cap - pos, 0, 0, b"")
-        st.pack_into(self._data, start, K_EAGER, dtype_char, 0, HEADER_BYTES + n, tag, n, fp, payload)
-        self._tail = tail + need
-        self._words[_TAIL_WORD] = tail + need  # after the record: the reader may take it now
+        st.pack_into(self._data, pos, K_EAGER, dtype_char, 0, HEADER_BYTES + n, tag, n, fp, payload)
+        self._tail = tail
+        self._words[_TAIL_WORD] = tail  # after the record: the reader may take it now
         return True
 
     def waiting(self, flag: bool) -> None:
@@ -265,17 +260,15 @@ class RingReader:
                 return 0
         cap = self.capacity
         pos = head % cap
-        if tail - head > cap or pos + HEADER_BYTES > cap:
+        st, pl, span = _TAKES.get(n) or _take_structs(n)
+        # the record must lie inside the ring and inside what was published: else next() judges it
+        if pos + span > cap or span > tail - head or tail - head > cap:
             return 0
-        kind, dchar, _, reclen, rtag, nbytes = _HEAD.unpack_from(self.data, pos)
-        end = pos + reclen
-        if (kind != K_EAGER or rtag != tag or nbytes != n or reclen != HEADER_BYTES + n or dchar != dtype_char
-                or end > cap or ((reclen + 7) & ~7) > tail - head):
+        kind, dchar, _, reclen, rtag, nbytes, payload = st.unpack_from(self.data, pos)
+        if kind != K_EAGER or rtag != tag or nbytes != n or reclen != HEADER_BYTES + n or dchar != dtype_char:
             return 0
-        if n:
-            st = _PAYLOADS.get(n) or payload_struct(n)
-            st.pack_into(into, 0, st.unpack_from(self.data, pos + HEADER_BYTES)[0])
-        end = (end + 7) & ~7
+        pl.pack_into(into, 0, payload)
+        end = pos + span
         if cap - end < HEADER_BYTES:
             end = cap
         self.head = head = head + end - pos
@@ -316,6 +309,5 @@ __all__ = [
     "RingCorrupt",
     "RingReader",
     "RingWriter",
-    "payload_struct",
     "ring_bytes",
 ]
