@@ -24,6 +24,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -212,10 +213,11 @@ def _wait_state(pid: int, *states: str) -> None:
         time.sleep(0.005)
 
 
-def first_failure_wins(rank: int, size: int) -> object:
+def first_failure_wins(rank: int, size: int, out: str) -> object:
     pids: list[Any] = [None] * size
     pg.all_gather_object(pids, os.getpid())
     pg.barrier()
+    Path(out, f"ready{rank}").touch()  # out of the barrier: a death now cannot fail it here
     if rank == SLOW:
         os.kill(os.getpid(), signal.SIGSTOP)  # resumed by the detector once the leaver is gone
         try:
@@ -234,6 +236,10 @@ def first_failure_wins(rank: int, size: int) -> object:
         finally:
             os.kill(int(pids[FIRST_VICTIM]), signal.SIGKILL)
     if rank == FIRST_VICTIM:
+        deadline = time.monotonic() + 60
+        while not all(Path(out, f"ready{r}").exists() for r in range(size)):
+            assert time.monotonic() < deadline, "the others never left the barrier"
+            time.sleep(0.005)
         _wait_state(int(pids[SLOW]), "T")
         pg.group_channel()._peers[DETECTOR].sock.shutdown(socket.SHUT_WR)  # its EOF; its reader here sees none
         os.kill(os.getpid(), signal.SIGSTOP)  # killed by the slow rank at the end
@@ -249,11 +255,11 @@ def first_failure_wins(rank: int, size: int) -> object:
     return rank
 
 
-def test_the_first_failure_wins() -> None:
+def test_the_first_failure_wins(tmp_path: Path) -> None:
     """Every survivor names the first death, also one that hears of it only after a rank
     that left because of it: the slow rank's error on the leaver names the victim first."""
     env = {"PROCGROUP_TCP_SHM": "0", "PROCGROUP_HEARTBEAT_TIMEOUT": "120"}
-    results = spawn(first_failure_wins, 4, "tcp", env=env, expect_dead=[LEAVER, FIRST_VICTIM], timeout=120,
-                    job_timeout=90)
+    results = spawn(first_failure_wins, 4, "tcp", args=(str(tmp_path),), env=env,
+                    expect_dead=[LEAVER, FIRST_VICTIM], timeout=120, job_timeout=90)
     assert results[DETECTOR] == DETECTOR
     assert f"rank {FIRST_VICTIM}" in results[SLOW], results

@@ -161,7 +161,7 @@ pg.destroy_process_group()
 
 
 DEATH = r"""
-import json, os
+import json, os, time
 import numpy as np
 import procgroup as pg
 from procgroup.errors import ProcGroupError
@@ -171,7 +171,15 @@ me = pg.get_rank()
 a = np.ones(300_000, np.float32)
 pg.all_reduce(a)  # the topology is learnt, the two-level path runs once
 out = {"rank": me, "two_level": pg.group_channel()._two_level() is not None}
+ready = os.path.join(os.environ["PGTEST_OUT"], "ready{}")
+open(ready.format(me), "w").close()
 if me == int(os.environ["PGTEST_VICTIM"]):
+    # only once every rank is out of that all_reduce: a survivor still in it may fail it
+    # (ULFM's rule: the collective in flight at a death completes on some ranks only)
+    deadline = time.monotonic() + 60
+    everyone = range(pg.get_world_size())
+    while time.monotonic() < deadline and not all(os.path.exists(ready.format(r)) for r in everyone):
+        time.sleep(0.01)
     os._exit(0)  # gone without a goodbye, as a crashed process
 try:
     for _ in range(3):
