@@ -583,6 +583,14 @@ def _around_the_stream_limit(rank: int, size: int) -> dict[str, Any]:
         paths.append((job.view.nbytes, "one copy" if job.rts else "streamed" if job.stream else "eager"))
 
     _p2p.SendJob.__init__ = recording  # type: ignore[method-assign]  # a spy: the real job runs
+    reads: list[int] = []  # the bytes of each process_vm_readv copy (a split copy makes two)
+    real_read = _p2p._cma.read_from
+
+    def reading(pid: int, addr: int, view: memoryview) -> None:
+        reads.append(view.nbytes)
+        real_read(pid, addr, view)
+
+    _p2p._cma.read_from = reading  # type: ignore[assignment]  # a spy: the real copy runs
     ch: Any = pg.group_channel(pg.group.WORLD)
     nxt, prv = (rank + 1) % size, (rank - 1) % size
     bad = []
@@ -612,7 +620,7 @@ def _around_the_stream_limit(rank: int, size: int) -> dict[str, Any]:
         bad.append("float64")
     pg.barrier()
     return {"bad": bad, "paths": sorted(set(paths)), "own_cores": ch._p2p.own_cores,
-            "cores": _p2p.usable_cores(), "links": _links()}
+            "cores": _p2p.usable_cores(), "links": _links(), "reads": sorted(set(reads))}
 
 
 @pytest.mark.parametrize(
@@ -642,6 +650,13 @@ def test_sizes_around_the_stream_limit_take_their_path_and_arrive_intact(case: d
         assert {path for _, path in res["paths"]} == want, (rank, res["paths"])
         for nbytes, path in res["paths"]:  # the boundary itself: up to the limit streams
             assert path == ("streamed" if not cma or (not one_core and nbytes <= limit) else "one copy"), res
+        if cma and one_core:  # one copy each, whole
+            assert res["reads"] == [limit - 1, limit, limit + 1], res["reads"]
+        elif cma:  # above the limit only, split in two at a page boundary, both halves read
+            half = ((limit + 1) // 2) & ~4095
+            assert res["reads"] == sorted({half, limit + 1 - half}), res["reads"]
+        else:
+            assert res["reads"] == [], res["reads"]
 
 
 def test_the_core_count_setting_is_checked() -> None:

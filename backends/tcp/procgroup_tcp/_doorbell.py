@@ -24,6 +24,7 @@ import numpy as np
 #: the doorbell block at the start of an inbox: the futex word, then (a cache line on) the sleepers flag
 BLOCK_BYTES = 4096
 _SEQ, _SLEEPERS = 0, 16  # 32-bit word indexes
+SLEEPERS_WORD = _SLEEPERS
 #: the longest sleep between two looks at everything else
 NAP_S = 1e-3
 _SYS_FUTEX = 202  # x86-64
@@ -52,6 +53,9 @@ class Doorbell:
 
     def __init__(self, block: memoryview) -> None:
         self._words = block[:BLOCK_BYTES].cast("I")
+        #: the block's 32-bit words: ``words[SLEEPERS_WORD]`` is what :meth:`wake` reads (a
+        #: sender's fast path reads it inline, then calls :meth:`ring` only when it is set)
+        self.words = self._words
         self._addr = int(np.frombuffer(block, dtype=np.uint8, count=1).ctypes.data)
         self._lock = threading.Lock()
         self._sleepers = 0  # this process's threads asleep on it (only the owner sleeps)
@@ -114,4 +118,4 @@ class Doorbell:
         self._words.release()
 
 
-__all__ = ["BLOCK_BYTES", "NAP_S", "Doorbell"]
+__all__ = ["BLOCK_BYTES", "NAP_S", "SLEEPERS_WORD", "Doorbell"]

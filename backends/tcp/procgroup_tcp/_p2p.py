@@ -25,6 +25,8 @@ on other hosts, PROCGROUP_TCP_SHM=0, PROCGROUP_TCP_SHM_P2P=0) stays on the socke
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import errno
 import logging
 import mmap
 import os
@@ -37,14 +39,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from procgroup.backend import CompletedWork, Work, env_flag, fresh, setting
+from procgroup.backend import CompletedWork, Work, env_bytes, env_flag, fresh, setting
 from procgroup.backend._recorder import SLOW_S as _SLOW_S
 from procgroup.backend._recorder import waiting as _recorder_waiting
 from procgroup.errors import ChannelClosedError, CommTimeoutError, InvalidArgumentError, PeerError
 
 from . import _cma
 from ._conn import Landing, Peer
-from ._doorbell import BLOCK_BYTES, NAP_S, Doorbell
+from ._doorbell import BLOCK_BYTES, NAP_S, SLEEPERS_WORD, Doorbell
 from ._match import Matcher, PostedRecv, Progress
 from ._ring import (
     ACK_OK,
@@ -87,6 +89,12 @@ CHUNK_BYTES = 256 * 1024
 #: (which pins the sender's pages one by one) is slower than that up to here
 #: (docs/performance.md); with more ranks than cores the single copy costs less CPU
 STREAM_MAX_BYTES = 32 << 20
+#: a rendezvous copy of at least this many bytes is split in two, the second half read by a
+#: helper thread at the same time (the GIL is released in the system call), while this host's
+#: ranks each have a core: its sender sleeps meanwhile, so the two copies have both cores.
+#: PROCGROUP_TCP_SHM_SPLIT_BYTES (option ``shm_split_bytes``) sets it, 0: never split
+SPLIT_READ_BYTES = 4 << 20
+ENV_SHM_SPLIT = "PROCGROUP_TCP_SHM_SPLIT_BYTES"
 #: a wait for a large message (sent or received) spins up to this long per byte before it
 #: sleeps on the doorbell, when this host's ranks each have a core: the other side is busy
 #: copying about that long, and a sleeper's wake-up costs more than the spin ...
@@ -282,6 +290,7 @@ class ShmP2P:
         match: Callable[[int, int, int, bytes, bytes], Landing],
         corrupt: Callable[[int, BaseException], None],
         cores: int | None = None,
+        split_bytes: int = SPLIT_READ_BYTES,
     ) -> None:
         self._maps = maps
         self._views = views
@@ -300,6 +309,9 @@ class ShmP2P:
         self._corrupt = corrupt
         self._rlock = threading.Lock()  # one reader of the inbox rings at a time
         self._closed = False
+        self._copier: concurrent.futures.ThreadPoolExecutor | None = None  # the split copy's helper
+        #: a rendezvous copy this large is split (never when the ranks outnumber the cores)
+        self.split_bytes = split_bytes if split_bytes and self.own_cores else MAX_MESSAGE_BYTES + 1
 
     # ------------------------------------------------------------------ progress
     def progress(self) -> None:
@@ -434,7 +446,7 @@ class ShmP2P:
             landing.finish(src, exc)
             return ACK_REFUSED
         try:
-            _cma.read_from(link.pid, addr, view)
+            self._read_from(link.pid, addr, view)
         except OSError as exc:
             landing.finish(
                 src,
@@ -447,6 +459,26 @@ class ShmP2P:
             return ACK_REFUSED
         landing.finish(src)
         return ACK_OK
+
+    def _read_from(self, pid: int, addr: int, view: memoryview) -> None:
+        """One rendezvous copy; from ``SPLIT_READ_BYTES`` on (each rank with a core) in two
+        halves at once, the second on the helper thread. Returns once both halves are in."""
+        n = view.nbytes
+        if n < self.split_bytes:
+            _cma.read_from(pid, addr, view)
+            return
+        if self._copier is None:
+            self._copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="procgroup-tcp-copy")
+        half = (n // 2) & ~4095  # a page boundary: neither copy pins a page the other does
+        other = self._copier.submit(_cma.read_from, pid, addr + half, view[half:])
+        try:
+            _cma.read_from(pid, addr, view[:half])
+        finally:
+            # the helper writes into the caller's buffer: never return before it is done
+            try:
+                other.result(timeout=self.timeout)
+            except concurrent.futures.TimeoutError:
+                raise OSError(errno.ETIMEDOUT, f"a half of the copy took more than {self.timeout} s") from None
 
     def recv_direct(self, src: int, array: np.ndarray, tag: int) -> int:
         """A blocking receive into ``array`` (a C-contiguous NumPy array) from same-host peer
@@ -510,8 +542,6 @@ class ShmP2P:
         """A blocking send of at most ``SMALL_BYTES`` given as bytes (a copy of the caller's
         array, so it is done once written): True once written, False when it must go the
         general way (sends queued before it, no ring space, the channel closed)."""
-        if link.queue:
-            return False
         lock = link.lock
         lock.acquire()  # cheaper than ``with`` on this path
         try:
@@ -519,7 +549,9 @@ class ShmP2P:
                 return False
         finally:
             lock.release()
-        link.bell.wake()  # after the release: the record's store is fenced before the flag is read
+        # Doorbell.wake inline: after the release, the record's store is fenced before the flag is read
+        if link.bell.words[SLEEPERS_WORD]:
+            link.bell.ring()
         return True
 
     def send(self, link: OutLink, view: memoryview, tag: int, dtype_char: bytes, fp: bytes) -> None:
@@ -576,7 +608,10 @@ class ShmP2P:
                 ranks=[link.global_rank],
             )
 
-        if not self.wait_until(job.finished, limit, check, self.spin_for(job.view.nbytes)):
+        n = job.view.nbytes
+        # a split rendezvous copy wants both cores: sleep until the receiver acknowledges
+        spin = self._spin if job.rts and n >= self.split_bytes else self.spin_for(n)
+        if not self.wait_until(job.finished, limit, check, spin):
             raise timed_out()
 
     def spin_for(self, nbytes: int) -> float:
@@ -662,6 +697,8 @@ class ShmP2P:
                 out.writer.release()
                 out.bell.release()
             self.bell.release()
+            if self._copier is not None:
+                self._copier.shutdown(wait=False)  # idle: a copy ends before its receive does
             for view in self._views:
                 view.release()
             for mm in self._maps:
@@ -746,7 +783,10 @@ def open_p2p(
     candidates = _local_candidates(ctx, p2p_wanted(ctx.options))
     if not candidates:
         return None
-    cores = usable_cores(ctx.options)  # a bad setting fails here, before any inbox exists
+    # bad settings fail here, before any inbox exists
+    cores = usable_cores(ctx.options)
+    split = env_bytes(ENV_SHM_SPLIT, SPLIT_READ_BYTES, name="shm_split_bytes", options=ctx.options,
+                      hint="0: never split a copy")
     slot = {r: i for i, r in enumerate(candidates)}
     inbox_bytes = BLOCK_BYTES + len(candidates) * ring_bytes(RING_BYTES)
     name, inbox, maps = "", None, []
@@ -834,7 +874,8 @@ def open_p2p(
         [ctx.global_rank(r) for r, o in out.items() if o.cma],
     )
     bell = Doorbell(inbox_view)  # type: ignore[arg-type]  # out is not empty, so an inbox was mapped
-    return ShmP2P(maps, views, bell, out, inbound, ctx.timeout, check, has_left, match, corrupt, cores)
+    return ShmP2P(maps, views, bell, out, inbound, ctx.timeout, check, has_left, match, corrupt, cores,
+                  split or 0)
 
 
 __all__ = [
@@ -843,10 +884,12 @@ __all__ = [
     "ENV_SHM_CMA",
     "ENV_SHM_CORES",
     "ENV_SHM_P2P",
+    "ENV_SHM_SPLIT",
     "MAX_SPIN_S",
     "RING_BYTES",
     "SETUP_TAG",
     "SPIN_S_PER_BYTE",
+    "SPLIT_READ_BYTES",
     "STREAM_MAX_BYTES",
     "ShmP2P",
     "open_p2p",
