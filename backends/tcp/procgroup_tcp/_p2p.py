@@ -461,8 +461,10 @@ class ShmP2P:
         return ACK_OK
 
     def _read_from(self, pid: int, addr: int, view: memoryview) -> None:
-        """One rendezvous copy; from ``SPLIT_READ_BYTES`` on (each rank with a core) in two
-        halves at once, the second on the helper thread. Returns once both halves are in."""
+        """One rendezvous copy; from ``split_bytes`` on (each rank with a core) in two halves
+        at once, the second on the helper thread. Returns once both halves are in (or the
+        channel's timeout passed: then an error, and the late half writes only the
+        message's own bytes)."""
         n = view.nbytes
         if n < self.split_bytes:
             _cma.read_from(pid, addr, view)
