@@ -286,9 +286,12 @@ def _die_while_peer_waits(rank: int, size: int, nbytes: int) -> dict[str, Any]:
                 "pid": os.getpid()}
 
 
-@pytest.mark.parametrize("nbytes", [8, 64 << 20])
-def test_peer_death_during_a_shared_memory_wait_is_a_peer_error(nbytes: int) -> None:
-    results = spawn(_die_while_peer_waits, 3, args=(nbytes,), timeout=15.0, expect_dead=[2], job_timeout=60.0)
+@pytest.mark.parametrize("nbytes,cores", [(8, ""), (64 << 20, ""), (64 << 20, "3")])
+def test_peer_death_during_a_shared_memory_wait_is_a_peer_error(nbytes: int, cores: str) -> None:
+    # cores "3": each rank has a core, so the 64 MiB send is a split copy's, whose sender sleeps
+    env = {"PROCGROUP_TCP_SHM_CORES": cores} if cores else None
+    results = spawn(_die_while_peer_waits, 3, args=(nbytes,), timeout=15.0, expect_dead=[2], job_timeout=60.0,
+                    env=env)
     for res in results[:2]:
         assert res["error"] == "PeerError" and "rank 2" in res["message"], res
         assert res["seconds"] < 15.0, res  # promptly: the socket saw it, not the timeout
