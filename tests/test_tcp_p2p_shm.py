@@ -632,8 +632,9 @@ def _around_the_stream_limit(rank: int, size: int) -> dict[str, Any]:
         {"env": {"PROCGROUP_TCP_SHM_CORES": "3"}},  # a core each: streamed up to the limit
         {"setup": _one_core},  # three ranks on one core (taskset): one copy above the eager size
         {"env": {"PROCGROUP_TCP_SHM_CORES": "3", "PROCGROUP_TCP_SHM_CMA": "0"}},  # no cross-memory copy
+        {"env": {"PROCGROUP_TCP_SHM_CORES": "3", "PROCGROUP_TCP_SHM_STREAM_MAX_BYTES": "0"}},  # never streamed
     ],
-    ids=["a-core-each", "one-core", "no-cma"],
+    ids=["a-core-each", "one-core", "no-cma", "no-stream"],
 )
 def test_sizes_around_the_stream_limit_take_their_path_and_arrive_intact(case: dict[str, Any]) -> None:
     from procgroup_tcp._p2p import STREAM_MAX_BYTES as limit
@@ -642,6 +643,12 @@ def test_sizes_around_the_stream_limit_take_their_path_and_arrive_intact(case: d
                     job_timeout=180.0)
     one_core = "setup" in case
     cma = case.get("env", {}).get("PROCGROUP_TCP_SHM_CMA") != "0"
+    if case.get("env", {}).get("PROCGROUP_TCP_SHM_STREAM_MAX_BYTES") == "0":  # every size one split copy
+        halves = {((n // 2) & ~4095, n - ((n // 2) & ~4095)) for n in (limit - 1, limit, limit + 1)}
+        for res in results:
+            assert res["bad"] == [] and {path for _, path in res["paths"]} == {"one copy"}, res
+            assert res["reads"] == sorted({h for pair in halves for h in pair}), res["reads"]
+        return
     for rank, res in enumerate(results):
         assert res["bad"] == [], (rank, res)
         assert res["own_cores"] is (not one_core) and res["cores"] == (1 if one_core else 3), res

@@ -89,6 +89,9 @@ CHUNK_BYTES = 256 * 1024
 #: (which pins the sender's pages one by one) is slower than that up to here
 #: (docs/performance.md); with more ranks than cores the single copy costs less CPU
 STREAM_MAX_BYTES = 32 << 20
+#: PROCGROUP_TCP_SHM_STREAM_MAX_BYTES (option ``shm_stream_max_bytes``) sets it, 0: never stream
+#: where the rendezvous copy may be made
+ENV_SHM_STREAM_MAX = "PROCGROUP_TCP_SHM_STREAM_MAX_BYTES"
 #: a rendezvous copy of at least this many bytes is split in two, the second half read by a
 #: helper thread at the same time (the GIL is released in the system call), while this host's
 #: ranks each have a core: its sender sleeps meanwhile, so the two copies have both cores.
@@ -154,7 +157,7 @@ class SendJob(Work):
         self.dtype_char = dtype_char
         self.fp = fp
         n = view.nbytes
-        self.rts = n > EAGER_BYTES and link.cma and (n > STREAM_MAX_BYTES or not engine.own_cores)
+        self.rts = n > EAGER_BYTES and link.cma and n > engine.stream_max
         self.stream = n > EAGER_BYTES and not self.rts
         self.offset = 0
         self.written = False
@@ -291,6 +294,7 @@ class ShmP2P:
         corrupt: Callable[[int, BaseException], None],
         cores: int | None = None,
         split_bytes: int = SPLIT_READ_BYTES,
+        stream_max: int = STREAM_MAX_BYTES,
     ) -> None:
         self._maps = maps
         self._views = views
@@ -312,6 +316,9 @@ class ShmP2P:
         self._copier: concurrent.futures.ThreadPoolExecutor | None = None  # the split copy's helper
         #: a rendezvous copy this large is split (never when the ranks outnumber the cores)
         self.split_bytes = split_bytes if split_bytes and self.own_cores else MAX_MESSAGE_BYTES + 1
+        #: a larger message goes by rendezvous where the peer allows it (never streamed when
+        #: the ranks outnumber the cores: two copies then cost more than one)
+        self.stream_max = stream_max if self.own_cores else EAGER_BYTES
 
     # ------------------------------------------------------------------ progress
     def progress(self) -> None:
@@ -789,6 +796,8 @@ def open_p2p(
     cores = usable_cores(ctx.options)
     split = env_bytes(ENV_SHM_SPLIT, SPLIT_READ_BYTES, name="shm_split_bytes", options=ctx.options,
                       hint="0: never split a copy")
+    stream_max = env_bytes(ENV_SHM_STREAM_MAX, STREAM_MAX_BYTES, name="shm_stream_max_bytes", options=ctx.options,
+                           hint="0: never stream where the rendezvous copy may be made")
     slot = {r: i for i, r in enumerate(candidates)}
     inbox_bytes = BLOCK_BYTES + len(candidates) * ring_bytes(RING_BYTES)
     name, inbox, maps = "", None, []
@@ -877,7 +886,7 @@ def open_p2p(
     )
     bell = Doorbell(inbox_view)  # type: ignore[arg-type]  # out is not empty, so an inbox was mapped
     return ShmP2P(maps, views, bell, out, inbound, ctx.timeout, check, has_left, match, corrupt, cores,
-                  split or 0)
+                  split or 0, stream_max or 0)
 
 
 __all__ = [
@@ -887,6 +896,7 @@ __all__ = [
     "ENV_SHM_CORES",
     "ENV_SHM_P2P",
     "ENV_SHM_SPLIT",
+    "ENV_SHM_STREAM_MAX",
     "MAX_SPIN_S",
     "RING_BYTES",
     "SETUP_TAG",
