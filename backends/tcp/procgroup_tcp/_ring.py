@@ -38,15 +38,14 @@ RECORD = struct.Struct("<BcHIQQ32s")
 HEADER_BYTES = RECORD.size
 # a rendezvous record's body: the sender's buffer address and the send's number
 RTS = struct.Struct("<QQ")
-# the header without its fingerprint: what a direct receive reads (it expects none)
-_HEAD = struct.Struct("<BcHIQQ")
 #: a small message's payload is packed with its header (``RingWriter.put_small``) and unpacked
 #: with it (``RingReader.take_small``) by a struct of its size: one call each, where memoryview
 #: slices cost several times as much
 SMALL_BYTES = 4096
 # payload bytes -> (header + payload, span), filled on first use
 _RECORDS: dict[int, tuple[struct.Struct, int]] = {}
-# payload bytes -> (header without fingerprint + payload, payload alone, span)
+# payload bytes -> (header without its fingerprint + payload: what a direct receive reads, as
+# it expects none; payload alone; span)
 _TAKES: dict[int, tuple[struct.Struct, struct.Struct, int]] = {}
 
 
