@@ -669,12 +669,15 @@ def test_sizes_around_the_stream_limit_take_their_path_and_arrive_intact(case: d
             assert res["reads"] == [], res["reads"]
 
 
-def test_the_core_count_setting_is_checked() -> None:
+def test_the_core_count_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     from procgroup.errors import InvalidArgumentError
-    from procgroup_tcp._p2p import usable_cores
+    from procgroup_tcp._p2p import ENV_SHM_CORES, usable_cores
 
+    monkeypatch.delenv(ENV_SHM_CORES, raising=False)
     assert usable_cores({"shm_cores": 6}) == 6
     assert usable_cores({}) == len(os.sched_getaffinity(0))
-    for bad in ("0", "-2", "two", "1.5"):
+    monkeypatch.setenv(ENV_SHM_CORES, "3")
+    assert usable_cores({}) == 3
+    for bad in ("0", "-2", "two", "1.5", "\u00b2"):
         with pytest.raises(InvalidArgumentError, match="shm_cores"):
             usable_cores({"shm_cores": bad})

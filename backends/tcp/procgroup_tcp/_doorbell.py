@@ -81,8 +81,11 @@ class Doorbell:
         going to sleep raises its sleepers flag and releases a lock too before its last
         look at ``ready()``, so of the two one sees the other's store: either this sees
         the flag and rings, or the owner sees the write and does not sleep."""
-        if self._words[_SLEEPERS]:
-            self.ring()
+        try:
+            if self._words[_SLEEPERS]:
+                self.ring()
+        except ValueError:  # released by the channel's close after the write: nobody to wake
+            pass
 
     def sleep(self, ready: object, seconds: float) -> None:
         """Sleep up to ``seconds`` unless rung; ``ready()`` is tested once more after the

@@ -20,6 +20,7 @@ Two components the channel owns (:class:`~procgroup_tcp.channel.TcpChannel` rout
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from procgroup.backend import ChannelContext, Fingerprint, mismatch
@@ -30,6 +31,9 @@ from ._fingerprints import Ledger
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._scope import GroupScope, Scopes
 from ._wire import KIND_MISMATCH, KIND_PEER_LOST, LOST, MAX_LOST_BYTES, NO_FP, NOTICE
+
+#: seconds in all that passing one death on may wait for peers' send locks (see Deaths._tell_others)
+TELL_BUDGET_S = 0.25
 
 if TYPE_CHECKING:
     from .channel import TcpChannel
@@ -278,12 +282,18 @@ class Deaths:
         once without a goodbye, and a peer must then read the death in this rank's stream
         before the stream's end, or it would blame this rank's exit first (its threads read
         the streams of several peers in no set order). Each rank passes a death on once:
-        n - 2 small notices per rank and death."""
+        n - 2 small notices per rank and death.
+
+        Best effort within ``TELL_BUDGET_S`` in all: a peer whose send lock is held past it
+        (a long send under way) is skipped, since the callers waiting on the dead rank, and
+        this reader thread (the teller's heartbeats), must not wait on it; it hears of the
+        death at this rank's goodbye (``tell_deaths``) or from the others."""
         body = LOST.pack(lost_global) + reason.encode()[:MAX_LOST_BYTES - LOST.size]
         dead = self.scopes.dead
+        deadline = time.monotonic() + TELL_BUDGET_S
         for other in list(self._ch._peers.values()):
             if other is not teller and other.rank != lost and not other.left and other.rank not in dead:
-                other.send_notice(body, KIND_PEER_LOST)
+                other.send_notice(body, KIND_PEER_LOST, wait=max(0.0, deadline - time.monotonic()))
 
     def _first_death(self, besides: int) -> tuple[int, BaseException] | None:
         """The first death this rank learnt of (channel rank, error), other than ``besides``."""

@@ -133,9 +133,13 @@ def usable_cores(options: Mapping[str, Any] | None = None) -> int:
     when set, else this process's affinity (taskset, a container's cpuset)."""
     value, source = setting("shm_cores", ENV_SHM_CORES, "", options)
     if value:
-        if not value.isdigit() or int(value) < 1:
+        try:
+            cores = int(value)
+        except ValueError:
+            cores = 0
+        if cores < 1:
             raise InvalidArgumentError(f"{source}={value!r}: expected a whole number of cores >= 1")
-        return int(value)
+        return cores
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -478,8 +482,12 @@ class ShmP2P:
             return
         if self._copier is None:
             self._copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="procgroup-tcp-copy")
-        half = (n // 2) & ~4095  # a page boundary: neither copy pins a page the other does
-        other = self._copier.submit(_cma.read_from, pid, addr + half, view[half:])
+        half = (n // 2) & ~4095  # a whole number of pages in the first half
+        try:
+            other = self._copier.submit(_cma.read_from, pid, addr + half, view[half:])
+        except RuntimeError:  # the pool was shut down (close, interpreter exit): one piece
+            _cma.read_from(pid, addr, view)
+            return
         try:
             _cma.read_from(pid, addr, view[:half])
         finally:
@@ -559,8 +567,11 @@ class ShmP2P:
         finally:
             lock.release()
         # Doorbell.wake inline: after the release, the record's store is fenced before the flag is read
-        if link.bell.words[SLEEPERS_WORD]:
-            link.bell.ring()
+        try:
+            if link.bell.words[SLEEPERS_WORD]:
+                link.bell.ring()
+        except ValueError:  # close() released the bell after the write: nobody is left to wake
+            pass
         return True
 
     def send(self, link: OutLink, view: memoryview, tag: int, dtype_char: bytes, fp: bytes) -> None:

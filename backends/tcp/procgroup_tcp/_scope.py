@@ -105,7 +105,7 @@ class Scopes:
         self.root = root
         self._lock = threading.Lock()
         self._groups: dict[int, GroupScope] = {root.gid: root}
-        #: root rank -> the error its death was reported with
+        #: root rank -> the error its death was reported with, in the order learnt
         self.dead: dict[int, BaseException] = {}
         #: something failed (a death, a revoke): the channel's fast paths then ask
         #: :meth:`refusal` before each send and receive; False costs them one read
