@@ -58,6 +58,12 @@ def env_bytes(env: str, default: int | None, *, minimum: int = 0, name: str = ""
               options: Mapping[str, Any] | None = None, hint: str = "") -> int | None:
     """A byte count (a whole number >= ``minimum``), else ``default``; ``hint`` says what a
     special value means in the error (e.g. "0: the kernel's autotuning")."""
+    return env_count(env, default, minimum=minimum, name=name, options=options, hint=hint)
+
+
+def env_count(env: str, default: int | None, *, minimum: int = 0, name: str = "",
+              options: Mapping[str, Any] | None = None, hint: str = "", unit: str = "bytes") -> int | None:
+    """A count of ``unit`` (a whole number >= ``minimum``), else ``default``."""
     value, source = setting(name or env, env, "", options)
     if not value:
         return default
@@ -67,7 +73,7 @@ def env_bytes(env: str, default: int | None, *, minimum: int = 0, name: str = ""
         number = minimum - 1
     if number < minimum:
         extra = f" ({hint})" if hint else ""
-        raise InvalidArgumentError(f"{source}={value!r}: expected a number of bytes >= {minimum}{extra}")
+        raise InvalidArgumentError(f"{source}={value!r}: expected a number of {unit} >= {minimum}{extra}")
     return number
 
 

@@ -39,10 +39,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from procgroup.backend import CompletedWork, Work, env_bytes, env_flag, fresh, setting
+from procgroup.backend import CompletedWork, Work, env_bytes, env_count, env_flag, fresh
 from procgroup.backend._recorder import SLOW_S as _SLOW_S
 from procgroup.backend._recorder import waiting as _recorder_waiting
-from procgroup.errors import ChannelClosedError, CommTimeoutError, InvalidArgumentError, PeerError
+from procgroup.errors import ChannelClosedError, CommTimeoutError, PeerError
 
 from . import _cma
 from ._conn import Landing, Peer
@@ -131,14 +131,8 @@ def p2p_wanted(options: Mapping[str, Any] | None) -> bool:
 def usable_cores(options: Mapping[str, Any] | None = None) -> int:
     """The cores this host's ranks may run on: PROCGROUP_TCP_SHM_CORES (option ``shm_cores``)
     when set, else this process's affinity (taskset, a container's cpuset)."""
-    value, source = setting("shm_cores", ENV_SHM_CORES, "", options)
-    if value:
-        try:
-            cores = int(value)
-        except ValueError:
-            cores = 0
-        if cores < 1:
-            raise InvalidArgumentError(f"{source}={value!r}: expected a whole number of cores >= 1")
+    cores = env_count(ENV_SHM_CORES, None, minimum=1, name="shm_cores", options=options, unit="cores")
+    if cores is not None:
         return cores
     try:
         return len(os.sched_getaffinity(0))
