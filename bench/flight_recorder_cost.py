@@ -13,6 +13,11 @@ path as it is, one with ``PROCGROUP_FLIGHT_RECORDER=0``, one with the recorder o
 variant's loop runs inside ``exec()``, the only place callgrind collects, one dump each.
 Needs valgrind.
 
+``cachesim``: ``dist.all_reduce`` as it is (the two ``instr`` processes, recorder off
+and on) under callgrind's cache and branch simulation: what the entry adds besides its
+instructions (instruction and data cache misses, mispredicted branches), against the rate
+of the op's own code. Needs valgrind.
+
 ``ab``: ``procgroup-bench -np N --sizes 8`` with the recorder off
 (``PROCGROUP_FLIGHT_RECORDER=0``) and on, alternated, the order swapped every pair; prints
 each pair's medians and the median of the ratios on/off.
@@ -23,8 +28,15 @@ clock, the size, the op number, the append), the variants interleaved round by r
 that load hits them alike; rank 0 prints each variant's median time per op and its ratio
 to "off". The recorder stays configured in every variant (its thread, the slow-wait
 lookup): only the entry differs, so what ``ab`` measures beyond this is the rest.
+"on, twice" writes the entry two times per call (a cost made of the entry's own work
+doubles). With tcp's shared-memory arena (every rank on one host) two more variants wrap
+the arena's wait: "off, waits wrapped" only passes each wait on, "on, after the counter"
+writes the entry in the wait that follows this rank's own counter store, where a rank
+waits for its peers: compared with the first, it shows whether the entry costs less off
+the path that comes before a rank's data goes out.
 
     python bench/flight_recorder_cost.py instr [--calls 2000]
+    python bench/flight_recorder_cost.py cachesim [--calls 2000]
     python bench/flight_recorder_cost.py ab [--pairs 10] [--ranks 2,4] [--iters 20000]
     python bench/flight_recorder_cost.py bisect [--ranks 2] [--iters 2000] [--rounds 41]
 """
@@ -126,22 +138,51 @@ def _inner(calls: int, as_is: bool = False) -> None:
         dist.destroy_process_group()
 
 
-def _count(calls: int, as_is: bool, env: dict[str, str]) -> dict[str, float]:
-    """Instructions per call of each variant of one ``_inner`` run under callgrind."""
+def _count(calls: int, as_is: bool, env: dict[str, str], sim: bool = False) -> dict[str, Any]:
+    """Instructions per call of each variant of one ``_inner`` run under callgrind (``sim``:
+    each variant's events per call instead, with callgrind's cache and branch simulation:
+    a dict of Ir, I1mr, D1mr, Bcm, Bim ...)."""
     with tempfile.TemporaryDirectory() as out:
         cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=builtin_exec",
-               "--dump-after=builtin_exec", f"--callgrind-out-file={out}/cg.out",
-               sys.executable, __file__, "_inner", "--calls", str(calls)] + (["--as-is"] if as_is else [])
+               "--dump-after=builtin_exec", f"--callgrind-out-file={out}/cg.out"]
+        cmd += ["--cache-sim=yes", "--branch-sim=yes"] if sim else []
+        cmd += [sys.executable, __file__, "_inner", "--calls", str(calls)] + (["--as-is"] if as_is else [])
         done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=3600, env=env)
         names = json.loads(done.stdout.split("VARIANTS ", 1)[1].splitlines()[0])
         dumps = sorted(glob.glob(f"{out}/cg.out.*"), key=lambda p: int(p.rsplit(".", 1)[1]))
-        totals = []
+        totals: list[dict[str, float]] = []
         for path in dumps:
             with open(path, encoding="utf-8") as f:
-                found = re.search(r"^totals: (\d+)", f.read(), re.M)
-            totals.append(int(found.group(1)) if found else 0)
+                text = f.read()
+            events = re.search(r"^events: (.*)$", text, re.M)
+            found = re.search(r"^totals: (.*)$", text, re.M)
+            keys = events.group(1).split() if events else ["Ir"]
+            values = [int(v) for v in found.group(1).split()] if found else [0]
+            totals.append({k: v / calls for k, v in zip(keys, values)})
         # the imports' exec() calls dump too: the variants' are the last ones
-        return dict(zip(names, (t / calls for t in totals[-len(names):])))
+        per_op = dict(zip(names, totals[-len(names):]))
+        return per_op if sim else {name: got["Ir"] for name, got in per_op.items()}
+
+
+def cache_sim(calls: int) -> None:
+    """``dist.all_reduce`` as it is, recorder off and on, under callgrind's cache and
+    branch simulation (its model: 32 KB L1 caches): what the entry adds besides its
+    instructions (misses of the instruction and data caches, mispredicted branches)."""
+    env = dict(os.environ)
+    env.pop(ENV_RING, None)
+    on = _count(calls, True, env, sim=True)["as is"]
+    off = _count(calls, True, dict(env, **{ENV_RING: "0"}), sim=True)["as is"]
+    names = {"Ir": "instructions", "I1mr": "L1 instruction misses", "D1mr": "L1 data read misses",
+             "D1mw": "L1 data write misses", "Bcm": "mispredicted conditional branches",
+             "Bim": "mispredicted indirect branches"}
+    print("dist.all_reduce as is, per op: recorder off / on (added, added per 1,000 instructions added; "
+          "the op's own per 1,000 instructions)")
+    for key, label in names.items():
+        a, b = off.get(key, 0.0), on.get(key, 0.0)
+        added = b - a
+        rate = 1000 * added / max(on["Ir"] - off["Ir"], 1)
+        print(f"  {label:36s} {a:9,.0f} / {b:9,.0f} (+{added:,.0f}; {rate:.1f} per 1k added, "
+              f"{1000 * a / max(off['Ir'], 1):.1f} per 1k in the op)")
 
 
 def instr(calls: int) -> None:
@@ -198,7 +239,13 @@ _BISECT = {
     "no op number": (_ENTRY, _ENTRY.replace("next(f.coll)", "0")),
     "no append": (_APPEND, "pass"),
     "ring of 16": (_APPEND, "_ring16(entry)"),  # the same work on a ring that stays in cache
+    # the entry written twice: if the cost is the entry's instructions, this costs twice "on"
+    "on, twice": (_APPEND, f"{_APPEND}\n{' ' * 12}{_ENTRY}\n{' ' * 12}{_APPEND}"),
 }
+#: the variants that need the shared-memory arena (every rank on one host): the fast path's
+#: entry off, the channel's waits wrapped; "after the counter" writes the same entry in the
+#: wait that follows this rank's own counter store (where the rank waits for its peers)
+_ARENA = ("off, waits wrapped", "on, after the counter")
 
 
 def _bisect_rank(iters: int, rounds: int) -> None:
@@ -227,17 +274,25 @@ def _bisect_rank(iters: int, rounds: int) -> None:
         exec(source.replace(line, instead), scope)  # the op layer's own source, one line changed
         variants[name] = scope["all_reduce"]
         _recorder.holds_entry(scope["all_reduce"])
+    arena = getattr(_state.resolve(None).channel, "_shm", None)
+    wrapped = _wrapped_waits(arena, fast, spec, x) if arena is not None else None
+    for name in _ARENA if wrapped is not None else ():
+        variants[name] = _ops.all_reduce
     times: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            fast.all_reduce_spec = None if name.startswith("off") else spec
+            fast.all_reduce_spec = None if name.startswith("off") or name in _ARENA else spec
             op = variants[name]
             dist.barrier()
+            if name in _ARENA:
+                arena._wait_all = wrapped[name]  # type: ignore[index,union-attr]  # set only with an arena
             t = time.perf_counter_ns()
             for _ in range(iters):
                 op(x)
             times[name].append((time.perf_counter_ns() - t) / iters / 1e3)
+            if name in _ARENA:
+                del arena._wait_all  # type: ignore[union-attr]  # the class's method again
     fast.all_reduce_spec = spec
     if dist.get_rank() == 0:
         off = statistics.median(times["off"])
@@ -245,8 +300,29 @@ def _bisect_rank(iters: int, rounds: int) -> None:
               f"load average {os.getloadavg()[0]:.1f}")
         for name, got in times.items():
             med = statistics.median(got)
-            print(f"  {name:14s} {med:8.2f} us/op  {med / off:6.3f}x off  ({med - off:+.2f} us)", flush=True)
+            print(f"  {name:22s} {med:8.2f} us/op  {med / off:6.3f}x off  ({med - off:+.2f} us)", flush=True)
     dist.destroy_process_group()
+
+
+def _wrapped_waits(arena: Any, fast: Any, spec: Any, x: Any) -> dict[str, Any]:
+    """The tcp arena's wait, wrapped twice over (bisect's arena variants): one wrapper
+    only passes the call on, the other first writes the all_reduce's entry when the wait
+    is the one for this op's own round (the arena's counter ``_seq`` is the target: this
+    rank's counter is out, it now waits for its peers'). A bench probe of the arena's
+    internals (procgroup_tcp._shm): it needs only ``_wait_all(column, target)`` and ``_seq``."""
+    wait_all = arena._wait_all
+    coll, append, ns = fast.coll, fast.append, time.perf_counter_ns
+
+    def passed_on(column: int, target: int) -> None:
+        wait_all(column, target)
+
+    def after_counter(column: int, target: int) -> None:
+        if target == arena._seq:
+            entry = (spec, next(coll), None, x.nbytes, x.dtype, ns())
+            append(entry)
+        wait_all(column, target)
+
+    return {"off, waits wrapped": passed_on, "on, after the counter": after_counter}
 
 
 def bisect(ranks: int, iters: int, rounds: int) -> None:
@@ -257,7 +333,7 @@ def bisect(ranks: int, iters: int, rounds: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["instr", "ab", "bisect", "_inner", "_bisect"])
+    p.add_argument("mode", choices=["instr", "cachesim", "ab", "bisect", "_inner", "_bisect"])
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--pairs", type=int, default=10)
     p.add_argument("--ranks", default="2,4")
@@ -269,6 +345,8 @@ def main() -> None:
         _inner(a.calls, a.as_is)
     elif a.mode == "instr":
         instr(a.calls)
+    elif a.mode == "cachesim":
+        cache_sim(a.calls)
     elif a.mode == "_bisect":
         _bisect_rank(a.iters or 2000, a.rounds)
     elif a.mode == "bisect":
