@@ -263,3 +263,114 @@ def test_the_first_failure_wins(tmp_path: Path) -> None:
                     expect_dead=[LEAVER, FIRST_VICTIM], timeout=120, job_timeout=90)
     assert results[DETECTOR] == DETECTOR
     assert f"rank {FIRST_VICTIM}" in results[SLOW], results
+
+
+# ---------------------------------------------------------------- a departure first
+# Issue 30 item 5, its Slurm case: rank 1 raises mid-job and leaves the way a program does
+# (destroy_process_group: a goodbye, not a death); rank 0, in a receive from it, fails and
+# leaves the same way; the survivors, each in an op with rank 0, must name rank 1 first.
+# The held rank is stopped (SIGSTOP) through all of it and resumed once rank 0 is gone: its
+# threads then read rank 1's and rank 0's goodbyes in any order, so it can name rank 1
+# only if rank 0's stream carries rank 1's departure ahead of rank 0's goodbye.
+QUITTER, FOLLOWER, HELD, WATCHER = 1, 0, 2, 3
+
+
+def _leave_on_error(exc: BaseException, out: str, rank: int) -> None:
+    """What a program does when an error ends it: its group is destroyed (goodbyes), then
+    the process exits (no result: the test reads what it wrote)."""
+    Path(out, f"error{rank}").write_text(f"{type(exc).__name__}|{getattr(exc, 'rank', '')}|{exc}")
+    pg.destroy_process_group()
+    os._exit(1)
+
+
+def _names_the_quitter_first(err: pg.PeerError) -> None:
+    assert err.rank == QUITTER and err.ranks[:2] == (QUITTER, FOLLOWER), (err, err.ranks)
+    assert err.departed, err
+    text = str(err)
+    assert text.find(f"rank {QUITTER}") < text.find(f"rank {FOLLOWER}"), err
+    assert "left first" in text, err
+
+
+def departure_first(rank: int, size: int, out: str) -> object:
+    pids: list[Any] = [None] * size
+    pg.all_gather_object(pids, os.getpid())
+    pair = pg.new_group([FOLLOWER, WATCHER])
+    pg.barrier()
+    Path(out, f"ready{rank}").touch()
+    if rank == HELD:
+        os.kill(os.getpid(), signal.SIGSTOP)  # resumed by the watcher once the follower is gone
+        with pytest.raises(pg.PeerError) as info:
+            pg.recv(np.empty(1), src=FOLLOWER)
+        _names_the_quitter_first(info.value)
+        return str(info.value)
+    deadline = time.monotonic() + 60
+    while not all(Path(out, f"ready{r}").exists() for r in range(size)):
+        assert time.monotonic() < deadline, "the others never left the barrier"
+        time.sleep(0.005)
+    _wait_state(int(pids[HELD]), "T")
+    if rank == QUITTER:
+        try:
+            raise RuntimeError("a bad batch in rank 1")
+        except RuntimeError as exc:
+            _leave_on_error(exc, out, rank)
+    if rank == FOLLOWER:
+        try:
+            pg.recv(np.empty(1), src=QUITTER)
+        except pg.PeerError as exc:
+            _leave_on_error(exc, out, rank)
+        os._exit(2)  # never: the receive cannot complete
+    try:
+        with pytest.raises(pg.PeerError) as info:  # the watcher: a collective with the follower
+            pg.all_reduce(np.ones(4), group=pair)
+    finally:
+        _wait_state(int(pids[FOLLOWER]), "Z", "gone")
+        os.kill(int(pids[HELD]), signal.SIGCONT)
+    _names_the_quitter_first(info.value)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("shm", ["0", "1"], ids=["sockets", "shm"])
+def test_a_departure_is_the_first_failure(tmp_path: Path, shm: str) -> None:
+    """Rank 1 raises and leaves; rank 0 fails on that and leaves: every survivor's error
+    names rank 1 first and rank 0 as what followed, the held one's too."""
+    env = {"PROCGROUP_TCP_SHM": shm, "PROCGROUP_HEARTBEAT_TIMEOUT": "120"}
+    results = spawn(departure_first, 4, "tcp", args=(str(tmp_path),), env=env,
+                    expect_dead=[QUITTER, FOLLOWER], timeout=120, job_timeout=90)
+    kind, blamed, text = (tmp_path / f"error{FOLLOWER}").read_text().split("|", 2)
+    assert kind == "PeerError" and blamed == str(QUITTER), text  # the follower saw the quitter leave
+    assert (tmp_path / f"error{QUITTER}").read_text().startswith("RuntimeError")
+    for survivor in (HELD, WATCHER):
+        assert f"rank {QUITTER} left first" in results[survivor], results
+
+
+def clean_shutdown(rank: int, size: int) -> object:
+    """Ranks 0-2 leave after a few ops; rank 3 sees their goodbyes and no failure, then a
+    receive from a rank that left names that rank alone."""
+    x = np.full(4, float(rank))
+    pg.all_reduce(x)
+    assert x[0] == 6.0
+    pg.barrier()
+    deaths = pg.group_channel()._deaths
+    if rank != size - 1:
+        assert deaths.first is None, deaths.first
+        return rank
+    peers = pg.group_channel()._peers
+    deadline = time.monotonic() + 60
+    while not all(p.left for p in peers.values()):
+        assert time.monotonic() < deadline, "the others never said goodbye"
+        time.sleep(0.01)
+    assert deaths.first is None and not deaths.hurt_by_departure, deaths.first  # no notice came either
+    with pytest.raises(pg.PeerError) as info:
+        pg.recv(np.empty(1), src=0)
+    err = info.value
+    assert err.rank == 0 and err.ranks == (0,) and err.departed, (err, err.ranks)
+    assert "first" not in str(err), err
+    return str(err)
+
+
+def test_a_clean_shutdown_names_no_first_failure() -> None:
+    """Goodbyes alone are no failure: no notice, no first failure; the first op a departure
+    then fails names that departure only."""
+    results = spawn(clean_shutdown, 4, "tcp", env={"PROCGROUP_TCP_SHM": "0"}, timeout=60, job_timeout=90)
+    assert results[:3] == [0, 1, 2]
+    assert "rank 0 has left the group" in results[3], results

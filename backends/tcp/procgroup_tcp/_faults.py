@@ -16,12 +16,20 @@ Two components the channel owns (:class:`~procgroup_tcp.channel.TcpChannel` rout
   between live ranks and the groups without it go on. A goodbye fails only the
   receives that wait on that peer; the heartbeat's silent peer counts as dead; a revoke
   fails one group's traffic.
+
+The first failure wins: the first death, or the first departure that failed an op here
+(a goodbye is not a death, but a rank whose receive it broke may leave because of it),
+is kept as this rank's first failure (:class:`FirstFailure`), and a later loss is
+reported as its consequence. A rank leaving after an op of its own failed because a
+rank departed first tells its live peers so (``KIND_PEER_LEFT``) before its goodbye.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from procgroup.backend import ChannelContext, Fingerprint, mismatch
 from procgroup.errors import PeerError
@@ -30,7 +38,7 @@ from ._conn import Peer, left_error
 from ._fingerprints import Ledger
 from ._match import DISCARD, Discard, Matcher, PostedRecv, Unexpected
 from ._scope import GroupScope, Scopes
-from ._wire import KIND_MISMATCH, KIND_PEER_LOST, LOST, MAX_LOST_BYTES, NO_FP, NOTICE
+from ._wire import KIND_MISMATCH, KIND_PEER_LEFT, KIND_PEER_LOST, NO_FP, NOTICE, pack_lost
 
 #: seconds in all that passing one death on may wait for peers' send locks (see Deaths._tell_others)
 TELL_BUDGET_S = 0.25
@@ -38,7 +46,18 @@ TELL_BUDGET_S = 0.25
 if TYPE_CHECKING:
     from .channel import TcpChannel
 
-__all__ = ["Deaths", "Mismatches"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Deaths", "FirstFailure", "Mismatches"]
+
+
+class FirstFailure(NamedTuple):
+    """The first failure this rank learnt of: channel rank, its error, whether it left
+    (said goodbye) rather than died."""
+
+    rank: int
+    exc: BaseException
+    departed: bool
 
 
 class Mismatches:
@@ -149,6 +168,12 @@ class Deaths:
         self._ch = channel
         self.ctx = channel.ctx
         self.scopes = scopes
+        #: the first death, or departure that failed an op here (or was told), learnt
+        self.first: FirstFailure | None = None
+        self._first_lock = threading.Lock()
+        #: an op of this rank failed because a peer left: its goodbye tells the others
+        #: which departure came first (``tell_departure``)
+        self.hurt_by_departure = False
 
     # ---------------------------------------------------------------- what the readers report
     def ring_broken(self, rank: int, exc: BaseException) -> None:
@@ -160,22 +185,47 @@ class Deaths:
         """A goodbye: fail the receives that wait on that peer alone (after taking in what it
         wrote to shared memory before it left, which is still delivered).
 
-        A peer that saw a death often leaves right after it: when this channel knows of a
-        death, those receives get the death, not the leave (another thread may be failing
-        them at this moment, and its error must not lose the race to this one)."""
+        A peer that saw a failure often leaves right after it: when this channel knows of
+        an earlier one (a death, a departure), those receives get it as the cause, not the
+        leave (another thread may be failing them at this moment, and its error must not
+        lose the race to this one). A goodbye that fails a receive here is this rank's first
+        failure when none came before."""
         ch = self._ch
-        exc: BaseException = left_error(peer.global_rank)
-        first = self._first_death(besides=peer.rank)
-        if ch.failure is not None:
-            exc = ch.failure
-        elif first is not None:
-            gr = self.ctx.global_rank(first[0])
-            exc = PeerError(f"rank {gr} died (rank {peer.global_rank} left after it)", rank=gr,
-                            ranks=(gr, peer.global_rank))
+        exc = ch.failure if ch.failure is not None else self.left_error(peer, record=False)
         if ch._p2p is not None and peer.rank in ch._shm_out:
             ch._p2p.drain_from(peer.rank)
             ch._p2p.fail_to(peer.rank, exc)
-        ch._matcher.fail_from(peer.rank, exc)
+        if ch._matcher.fail_from(peer.rank, exc) and ch.failure is None:
+            self._departure_failed(peer.rank, exc)
+
+    def left_error(self, peer: Peer, record: bool = True) -> PeerError:
+        """The error of an op that fails because ``peer`` said goodbye: its departure, or
+        what it followed when an earlier failure is known here (then named first).
+        ``record``: the op fails now (a refusal), so the departure counts as a failure."""
+        exc = left_error(peer.global_rank)
+        if record:
+            self._departure_failed(peer.rank, exc)
+        first = self._first_failure(besides=peer.rank)
+        return exc if first is None else self._after(first, peer.global_rank, exc)
+
+    def _departure_failed(self, rank: int, exc: BaseException) -> None:
+        """An op failed here because channel rank ``rank`` left: the first failure, unless
+        one came before; this rank's goodbye names the first departure (``tell_departure``)."""
+        self.hurt_by_departure = True
+        self._record_first(rank, exc, departed=True)
+
+    def peer_left_notice(self, peer: Peer, gone: int, reason: str) -> None:
+        """``peer`` says an op of its own failed because world rank ``gone`` left first (it
+        tells this before its goodbye): that departure is the first failure here too, unless
+        one came before, so the goodbye that follows is reported as its consequence. It is
+        not a death: nothing else fails. A notice naming no other member is ignored."""
+        local = self._local_rank(gone)
+        if local is None or local == self._ch.rank or local == peer.rank:
+            log.warning("rank %d sent a departure notice naming rank %d, which is not another member: ignored",
+                        peer.global_rank, gone)
+            return
+        exc = PeerError(f"{reason} (reported by rank {peer.global_rank})", rank=gone, departed=True)
+        self._record_first(local, exc, departed=True)
 
     def peer_failed(self, peer: Peer, exc: PeerError) -> None:
         """A connection dropped without goodbye: fail what involves that rank, after telling
@@ -188,9 +238,10 @@ class Deaths:
             peer.reader.fail_current(exc)
             return
         if peer.rank not in self.scopes.dead:  # news here (two threads may both tell: harmless)
-            earlier = self._first_death(besides=peer.rank)
+            earlier = self._first_failure(besides=peer.rank)
             if earlier is not None:
                 exc = self._after(earlier, peer.global_rank, exc)
+            self._record_first(peer.rank, exc, departed=False)
             self._tell_others(peer.rank, peer.global_rank, str(exc), teller=None)
         ch.peer_died(peer.rank, exc)  # recorded before the callers wake (failed_ranks)
         peer.reader.fail_current(exc)
@@ -206,9 +257,10 @@ class Deaths:
             self.break_all(peer, exc)
             return
         if local not in self.scopes.dead:  # passed on before this rank's calls hear of it
-            earlier = self._first_death(besides=local)
+            earlier = self._first_failure(besides=local)
             if earlier is not None:
                 exc = self._after(earlier, lost, exc)
+            self._record_first(local, exc, departed=False)
             self._tell_others(local, lost, reason, teller=peer)
         if ch.peer_died(local, exc):  # recorded, then what involves it fails
             gone = ch._peers.get(local)
@@ -288,28 +340,40 @@ class Deaths:
         (a long send under way) is skipped, since the callers waiting on the dead rank, and
         this reader thread (the teller's heartbeats), must not wait on it; it hears of the
         death at this rank's goodbye (``tell_deaths``) or from the others."""
-        body = LOST.pack(lost_global) + reason.encode()[:MAX_LOST_BYTES - LOST.size]
+        body = pack_lost(lost_global, reason)
         dead = self.scopes.dead
         deadline = time.monotonic() + TELL_BUDGET_S
         for other in list(self._ch._peers.values()):
             if other is not teller and other.rank != lost and not other.left and other.rank not in dead:
                 other.send_notice(body, KIND_PEER_LOST, wait=max(0.0, deadline - time.monotonic()))
 
-    def _first_death(self, besides: int) -> tuple[int, BaseException] | None:
-        """The first death this rank learnt of (channel rank, error), other than ``besides``."""
+    def _record_first(self, rank: int, exc: BaseException, departed: bool) -> None:
+        """Keep (channel rank, error) as the first failure, unless one came before."""
+        with self._first_lock:
+            if self.first is None:
+                self.first = FirstFailure(rank, exc, departed)
+
+    def _first_failure(self, besides: int) -> FirstFailure | None:
+        """The first failure this rank learnt of, other than channel rank ``besides``: the
+        one recorded first, else (when that one is ``besides``) the first other death."""
+        first = self.first
+        if first is not None and first.rank != besides:
+            return first
         for rank, exc in list(self.scopes.dead.items()):
             if rank != besides:
-                return rank, exc
+                return FirstFailure(rank, exc, False)
         return None
 
-    def _after(self, first: tuple[int, BaseException], gone: int, exc: PeerError) -> PeerError:
-        """Rank ``gone``'s loss (``exc``) told as what followed the first death (unless the
-        rank that reported it said so already)."""
-        gr = self.ctx.global_rank(first[0])
+    def _after(self, first: FirstFailure, gone: int, exc: PeerError) -> PeerError:
+        """Rank ``gone``'s loss or departure (``exc``) told as what followed the first
+        failure (unless the rank that reported it said so already); the error's
+        ``departed`` says whether the rank it names first left rather than died."""
+        gr = self.ctx.global_rank(first.rank)
         text = str(exc)
-        if not text.startswith(f"rank {gr} failed first"):
-            text = f"rank {gr} failed first ({first[1]}); then {text}, maybe because of it"
-        return PeerError(text, rank=gr, ranks=(gr, gone))
+        verb = "left" if first.departed else "failed"
+        if not text.startswith((f"rank {gr} failed first", f"rank {gr} left first")):
+            text = f"rank {gr} {verb} first ({first.exc}); then {text}, maybe because of it"
+        return PeerError(text, rank=gr, ranks=(gr, gone), departed=first.departed)
 
     def tell_deaths(self) -> None:
         """Before the goodbyes: every live peer hears of each death this rank knows of, in
@@ -324,9 +388,26 @@ class Deaths:
         live = [p for p in ch._peers.values() if p.rank not in dead and not p.over]
         for rank in dead:
             gr = self.ctx.global_rank(rank)
-            body = LOST.pack(gr) + f"rank {gr} died".encode()
+            body = pack_lost(gr, f"rank {gr} died")
             for peer in live:
                 peer.send_notice(body, KIND_PEER_LOST)
+
+    def tell_departure(self) -> None:
+        """Before the death notices and the goodbyes: when this rank's first failure is a
+        departure (a goodbye, not a death) and an op of this rank failed since (on a
+        departure, or a death: ``tell_deaths`` then follows), every live peer hears which
+        rank left first, in the stream its goodbye follows: a peer whose op this rank's own
+        goodbye or a death then fails names that departure first. Nothing is sent
+        otherwise, so a clean shutdown costs no notice."""
+        first = self.first
+        dead = self._ch.failed_ranks()
+        if first is None or not first.departed or not (self.hurt_by_departure or dead):
+            return
+        gr = self.ctx.global_rank(first.rank)
+        body = pack_lost(gr, str(first.exc).splitlines()[0] if str(first.exc) else f"rank {gr} left")
+        for peer in self._ch._peers.values():
+            if peer.rank != first.rank and peer.rank not in dead and not peer.over:
+                peer.send_notice(body, KIND_PEER_LEFT)
 
     def live_peers(self) -> list[Peer]:
         dead = self._ch.failed_ranks()

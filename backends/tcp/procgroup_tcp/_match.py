@@ -389,13 +389,14 @@ class Matcher:
         entry = self.dead.get(tag)
         return None if entry is None else fresh(entry[0])
 
-    def fail_from(self, src: int, exc: BaseException) -> None:
-        """Fail the receives that wait on ``src`` alone (it said goodbye)."""
+    def fail_from(self, src: int, exc: BaseException) -> int:
+        """Fail the receives that wait on ``src`` alone (it said goodbye); how many."""
         with self._lock:
             waiting = [r for r in self.posted if r.src == src]
             self.posted = [r for r in self.posted if r.src != src]
         for req in waiting:
             req.finish(src, exc)
+        return len(waiting)
 
     def fail_where(self, test: Callable[[int | None, int], bool], exc: BaseException) -> None:
         """Fail the posted receives for which ``test(src, tag)`` holds (a death or a revoke

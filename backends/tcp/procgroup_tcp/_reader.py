@@ -85,6 +85,9 @@ class PeerEvents(abc.ABC):
     def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
         """``peer`` reports it lost world rank ``lost`` (the root cause of what follows)."""
 
+    def peer_left_notice(self, peer: Peer, gone: int, reason: str) -> None:
+        """``peer`` reports an op of its own failed because world rank ``gone`` left first."""
+
     def control_message(self, peer: Peer, body: bytes) -> None:
         """``peer`` sent a fault-tolerance control message (revoke, the agreement)."""
 
@@ -318,10 +321,11 @@ class FrameReader:
             elif kind == _wire.KIND_MISMATCH and nbytes == _wire.NOTICE_SIZE:
                 self.events.mismatch_notice(self._peer, tag, self._read_body(nbytes))
             elif kind == _wire.KIND_PEER_LOST and _wire.LOST.size <= nbytes <= _wire.MAX_LOST_BYTES:
-                body = self._read_body(nbytes)
-                (lost,) = _wire.LOST.unpack_from(body)
-                reason = body[_wire.LOST.size:].decode("utf-8", "replace")
+                lost, reason = _wire.unpack_lost(self._read_body(nbytes))
                 self.events.peer_lost_notice(self._peer, lost, reason)
+            elif kind == _wire.KIND_PEER_LEFT and _wire.LOST.size <= nbytes <= _wire.MAX_LOST_BYTES:
+                gone, reason = _wire.unpack_lost(self._read_body(nbytes))
+                self.events.peer_left_notice(self._peer, gone, reason)
             elif kind == _wire.KIND_PROBE and nbytes == 0:
                 self.events.fingerprint_probe(self._peer, tag, fp)
             elif kind == _wire.KIND_CONTROL and nbytes <= MAX_CONTROL_BYTES:

@@ -15,7 +15,7 @@ import numpy as np
 from procgroup.errors import InvalidArrayError, PeerError
 
 MAGIC = 0x5047  # "PG"
-VERSION = 3  # 2: the fingerprint in the header, the listener's nonce in the hello; 3: KIND_PROBE
+VERSION = 4  # 2: the fingerprint in the header, the listener's nonce in the hello; 3: KIND_PROBE; 4: KIND_PEER_LEFT
 
 # kind (u8), dtype char (1 byte), magic (u16), reserved (u32), tag, seq, nbytes (u64 each),
 # the op's fingerprint (32 bytes)
@@ -32,10 +32,14 @@ KIND_PEER_LOST = 4  # the peer lost another rank (payload: LOST + the reason, ut
 #: "I have waited a while in the collective of this tag, under this fingerprint" (no payload):
 #: lets ranks that disagree while every one of them only receives find it (see ``_match``)
 KIND_PROBE = 5
+#: "an op of mine failed because rank X left first" (payload: LOST + the reason, utf-8): sent
+#: before the goodbye of a rank leaving after that failure, so its peers name X, not it
+KIND_PEER_LEFT = 6
 KIND_CONTROL = 20  # fault tolerance: revoke and the agreement (payload: the SDK's message)
 KIND_HEARTBEAT = 21  # "still alive", no payload (procgroup_tcp._heartbeat)
-KINDS = frozenset((KIND_DATA, KIND_GOODBYE, KIND_MISMATCH, KIND_PEER_LOST, KIND_PROBE, KIND_CONTROL,
-                   KIND_HEARTBEAT))
+KINDS = frozenset((KIND_DATA, KIND_GOODBYE, KIND_MISMATCH, KIND_PEER_LOST, KIND_PROBE, KIND_PEER_LEFT,
+                   KIND_CONTROL, KIND_HEARTBEAT))
+#: a lost-peer or peer-left notice: the world rank it names, then the reason (utf-8)
 LOST = struct.Struct("<q")
 MAX_LOST_BYTES = 4096
 
@@ -49,6 +53,21 @@ HELLO_SIZE = HELLO.size
 # fingerprint, the one the frame carried
 NOTICE = struct.Struct(f"<qq{FP_SIZE}s{FP_SIZE}s")
 NOTICE_SIZE = NOTICE.size
+
+
+def pack_lost(rank: int, reason: str) -> bytes:
+    """A lost-peer or peer-left notice's body: the world rank, then the reason, cut to fit
+    ``MAX_LOST_BYTES`` (at a character boundary)."""
+    text = reason.encode()[:MAX_LOST_BYTES - LOST.size].decode("utf-8", "ignore").encode()
+    return LOST.pack(rank) + text
+
+
+def unpack_lost(body: bytes) -> tuple[int, str]:
+    """(world rank, reason) of a notice body; ValueError when its size is out of bounds."""
+    if not LOST.size <= len(body) <= MAX_LOST_BYTES:
+        raise ValueError(f"a notice of {len(body)} bytes (from {LOST.size} to {MAX_LOST_BYTES})")
+    (rank,) = LOST.unpack_from(body)
+    return rank, body[LOST.size:].decode("utf-8", "replace")
 
 
 def pack_header(kind: int, dtype_char: bytes, tag: int, seq: int, nbytes: int, fp: bytes = NO_FP) -> bytes:
@@ -136,6 +155,7 @@ __all__ = [
     "KIND_GOODBYE",
     "KIND_HEARTBEAT",
     "KIND_MISMATCH",
+    "KIND_PEER_LEFT",
     "KIND_PEER_LOST",
     "KIND_PROBE",
     "LOST",
@@ -149,7 +169,9 @@ __all__ = [
     "dtype_code",
     "dtype_of",
     "pack_header",
+    "pack_lost",
     "pack_hello",
     "unpack_header",
     "unpack_hello",
+    "unpack_lost",
 ]

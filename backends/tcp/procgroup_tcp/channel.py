@@ -53,7 +53,7 @@ from procgroup.backend import (
 )
 from procgroup.errors import ChannelClosedError, PeerError
 
-from ._conn import Landing, Peer, PeerEvents, connect_mesh, left_error
+from ._conn import Landing, Peer, PeerEvents, connect_mesh
 from ._dispatch import TcpCollectives
 from ._faults import Deaths, Mismatches
 from ._fingerprints import Ledger
@@ -190,7 +190,7 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
         if refused is not None:
             raise fresh(refused)
         if peer.left:
-            raise left_error(peer.global_rank)
+            raise self._deaths.left_error(peer)
         return peer
 
     def _has_left(self, rank: int) -> bool:
@@ -220,7 +220,7 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
             if refused is not None:
                 raise fresh(refused)
         if src is not None and self._peers[src].left:
-            raise left_error(self._peers[src].global_rank)
+            raise self._deaths.left_error(self._peers[src])
 
     def _probe(self, req: PostedRecv) -> bool:
         return self._mismatches.probe(req)
@@ -261,6 +261,9 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
 
     def peer_lost_notice(self, peer: Peer, lost: int, reason: str) -> None:
         self._deaths.peer_lost_notice(peer, lost, reason)
+
+    def peer_left_notice(self, peer: Peer, gone: int, reason: str) -> None:
+        self._deaths.peer_left_notice(peer, gone, reason)
 
     def known_failure(self) -> BaseException | None:
         return self._failure
@@ -400,6 +403,7 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
         """Say goodbye to every peer, fail what is pending, unmap the arena."""
         if self._heartbeat is not None:
             self._heartbeat.stop()
+        self._deaths.tell_departure()  # a departure before the deaths: it came first
         self._deaths.tell_deaths()
         for peer in self._peers.values():
             peer.close()
