@@ -478,6 +478,46 @@ def test_small_writes_and_takes_match_the_general_records_and_leave_the_rest() -
     small.waiting(False)
 
 
+def test_a_waiting_small_take_gets_the_record_published_meanwhile_and_only_a_match() -> None:
+    """RingReader.take_small with ``seconds`` polls the tail until a record is published
+    (another thread writes it while the take waits) and takes it when it matches; one that
+    does not match stays for next(); with nothing published it gives up after the time."""
+    import threading
+    import time
+
+    from procgroup_tcp._ring import CTRL_BYTES, K_EAGER, RingReader, RingWriter
+
+    capacity = 1 << 14
+    buf = memoryview(bytearray(CTRL_BYTES + capacity))
+    writer, reader = RingWriter(buf, 0, capacity), RingReader(buf, 0, capacity)
+
+    def later(tag: int, payload: bytes) -> threading.Thread:
+        def write() -> None:
+            time.sleep(0.05)
+            assert writer.put_small(b"i", tag, bytes(32), payload)
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        return thread
+
+    for i in range(20):  # a few laps of records, the waits each time
+        payload = np.arange(i, i + 4, dtype=np.int32).tobytes()
+        thread = later(i, payload)
+        into = np.zeros(4, dtype=np.int32)
+        assert reader.take_small(i, b"i", into, 16, 10.0) == 1, i
+        thread.join()
+        assert into.tobytes() == payload and reader.head == writer._tail, i
+    thread = later(99, bytes(16))  # another tag than the one awaited: left in the ring
+    assert reader.take_small(98, b"i", np.zeros(4, dtype=np.int32), 16, 10.0) == 0
+    thread.join()
+    kind, code, tag, nbytes, _, at, n = reader.next()
+    assert (kind, code, tag, nbytes) == (K_EAGER, b"i", 99, 16)
+    reader.consume(at, n)
+    start = time.perf_counter()
+    assert reader.take_small(0, b"i", np.zeros(4, dtype=np.int32), 16, 0.05) == 0  # nothing comes
+    assert time.perf_counter() - start >= 0.05
+
+
 def _direct_receives(rank: int, size: int) -> dict[str, Any]:
     """Blocking receives from the same-host peer: taken from the ring directly when the
     message is next, else (another tag first, a message that comes after the spin, a

@@ -86,9 +86,11 @@ CHUNK_BYTES = 256 * 1024
 #: a larger message goes by rendezvous (one ``process_vm_readv`` copy) where it may; up to
 #: this size it streams through the ring while this host's ranks each have a core: two
 #: copies, but the sender's and the receiver's overlap, and one ``process_vm_readv``
-#: (which pins the sender's pages one by one) is slower than that up to here
+#: (which pins the sender's pages one by one) is slower than that up to here; above it the
+#: split copy (``SPLIT_READ_BYTES``) is as fast or faster, and it needs no other process to
+#: run alongside, where streaming slows down most when the cores are busy
 #: (docs/performance.md); with more ranks than cores the single copy costs less CPU
-STREAM_MAX_BYTES = 32 << 20
+STREAM_MAX_BYTES = 8 << 20
 #: PROCGROUP_TCP_SHM_STREAM_MAX_BYTES (option ``shm_stream_max_bytes``) sets it, 0: never stream
 #: where the rendezvous copy may be made
 ENV_SHM_STREAM_MAX = "PROCGROUP_TCP_SHM_STREAM_MAX_BYTES"
@@ -514,9 +516,7 @@ class ShmP2P:
                 dtype = array.dtype
                 code = DTYPE_CODES.get(dtype) or dtype_code(dtype)
                 try:
-                    got = r.take_small(tag, code, array, n)
-                    if not got and r.spin(self._spin):
-                        got = r.take_small(tag, code, array, n)
+                    got = r.take_small(tag, code, array, n, self._spin)  # waits for the record
                 except (TypeError, ValueError, BufferError):  # not a writable contiguous buffer
                     got = 0
                 if got:

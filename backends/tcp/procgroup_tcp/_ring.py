@@ -250,21 +250,40 @@ class RingReader:
             raise RingCorrupt(f"a record of kind {kind} and {reclen} bytes at offset {pos} ({avail} bytes published)")
         return kind, dtype_char, tag, nbytes, fp, pos + HEADER_BYTES, reclen - HEADER_BYTES
 
-    def take_small(self, tag: int, dtype_char: bytes, into: Buffer, n: int) -> int:
+    def take_small(self, tag: int, dtype_char: bytes, into: Buffer, n: int, seconds: float = 0.0) -> int:
         """Copy the next record into ``into`` (a writable contiguous buffer of ``n`` bytes,
         at most ``SMALL_BYTES``) and consume it, when it is an eager message of tag ``tag``,
         dtype ``dtype_char`` and exactly ``n`` bytes: 1 (2 when the sender waits for ring
         space). 0 when there is no record, or the next one is anything else (a pad, another
-        tag or size, a broken record): it stays, for :meth:`next` to read and judge."""
+        tag or size, a broken record): it stays, for :meth:`next` to read and judge.
+
+        With ``seconds``, it first polls the tail word up to that long for a record (as
+        :meth:`spin`), everything but the record's own checks done before: a waiting
+        receiver's work between the record's arrival and its return is the least it can be."""
         head = self.head
         tail = self._tail
-        if tail == head:
-            tail = self._tail = self._words[_TAIL_WORD]
-            if tail == head:
-                return 0
         cap = self.capacity
         pos = head % cap
         st, pl, span = _TAKES.get(n) or _take_structs(n)
+        end = pos + span
+        nxt = head + (cap if cap - end < HEADER_BYTES else end) - pos  # the head once it is taken
+        words = self._words
+        if tail == head:
+            tail = words[_TAIL_WORD]
+            if tail == head:
+                if not seconds:
+                    return 0
+                deadline = _perf() + seconds
+                while True:  # the clock once per four polls, as spin()
+                    if words[_TAIL_WORD] != head or words[_TAIL_WORD] != head or words[_TAIL_WORD] != head:
+                        tail = words[_TAIL_WORD]
+                        break
+                    tail = words[_TAIL_WORD]
+                    if tail != head:
+                        break
+                    if _perf() >= deadline:
+                        return 0
+            self._tail = tail
         # the record must lie inside the ring and inside what was published: else next() judges it
         if pos + span > cap or span > tail - head or tail - head > cap:
             return 0
@@ -272,12 +291,8 @@ class RingReader:
         if kind != K_EAGER or rtag != tag or nbytes != n or reclen != HEADER_BYTES + n or dchar != dtype_char:
             return 0
         pl.pack_into(into, 0, payload)
-        end = pos + span
-        if cap - end < HEADER_BYTES:
-            end = cap
-        self.head = head = head + end - pos
-        words = self._words
-        words[_HEAD_WORD] = head
+        self.head = nxt
+        words[_HEAD_WORD] = nxt
         return 2 if words[_WAITS_WORD] else 1
 
     def consume(self, payload_at: int, payload_len: int) -> None:
