@@ -374,3 +374,38 @@ def test_a_clean_shutdown_names_no_first_failure() -> None:
     results = spawn(clean_shutdown, 4, "tcp", env={"PROCGROUP_TCP_SHM": "0"}, timeout=60, job_timeout=90)
     assert results[:3] == [0, 1, 2]
     assert "rank 0 has left the group" in results[3], results
+
+
+def test_a_departure_notice_naming_no_other_member_is_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    """A peer-left notice is trusted only as far as it names another member: one naming a
+    rank outside the group, the receiver or the teller itself is logged and ignored (no
+    first failure, the channel goes on); an oversized one breaks that connection, naming
+    the sender. A real channel (rank 0) and a raw socket holding the token (rank 1)."""
+    from procgroup.rendezvous import HashStore
+    from procgroup_tcp import _wire
+    from test_security_tcp import _seat_raw
+
+    def notice(seq: int, rank: int, body: bytes = b"") -> bytes:
+        body = body or _wire.pack_lost(rank, f"rank {rank} has left the group")
+        return _wire.pack_header(_wire.KIND_PEER_LEFT, b"B", 0, seq, len(body)) + body
+
+    ch, sock = _seat_raw(HashStore())
+    assert not isinstance(ch, BaseException), ch
+    try:
+        with caplog.at_level("WARNING", logger="procgroup_tcp._faults"):
+            sock.sendall(notice(0, 7) + notice(1, 0) + notice(2, 1) + notice(3, -(2**63)))
+            data = np.arange(4, dtype=np.uint8)
+            sock.sendall(_wire.pack_header(_wire.KIND_DATA, b"B", 0, 4, 4) + data.tobytes())
+            got = np.empty(4, dtype=np.uint8)
+            ch.recv(got, 1, 0)
+        assert np.array_equal(got, data)
+        assert ch._deaths.first is None, ch._deaths.first
+        ignored = [r for r in caplog.records if "departure notice naming rank" in r.getMessage()]
+        assert len(ignored) == 4, [r.getMessage() for r in caplog.records]
+        sock.sendall(_wire.pack_header(_wire.KIND_PEER_LEFT, b"B", 0, 5, _wire.MAX_LOST_BYTES + 1))
+        with pytest.raises(pg.PeerError) as info:
+            ch.recv(np.empty(1, dtype=np.uint8), 1, 0)
+        assert info.value.rank == 1 and "unknown kind" in str(info.value), info.value
+    finally:
+        ch.close()
+        sock.close()
