@@ -21,7 +21,7 @@ import pytest
 
 from procgroup.testing import spawn
 
-EAGER = 32 * 1024  # procgroup_tcp._p2p.EAGER_BYTES (read in the ranks, checked there)
+EAGER = 128 * 1024  # procgroup_tcp._p2p.EAGER_BYTES (read in the ranks, checked there)
 SIZES = [0, 1, 8, EAGER - 1, EAGER, EAGER + 1, 1 << 20, 64 << 20]
 
 

@@ -79,8 +79,11 @@ ENV_SHM_CMA = "PROCGROUP_TCP_SHM_CMA"
 ENV_SHM_CORES = "PROCGROUP_TCP_SHM_CORES"
 #: bytes of records per ordered pair
 RING_BYTES = 1 << 20
-#: messages up to this size travel inside the ring; larger ones by rendezvous
-EAGER_BYTES = 32 * 1024
+#: messages up to this size travel inside one ring record (a waiting receive takes it
+#: straight from the ring); larger ones are streamed in chunks or go by rendezvous. A
+#: message streamed in one chunk costs a send job, a doorbell ring and a posted receive
+#: more, several times the copies' time at this size (docs/performance.md)
+EAGER_BYTES = 128 * 1024
 #: the piece size of a message streamed through the ring
 CHUNK_BYTES = 256 * 1024
 #: a larger message goes by rendezvous (one ``process_vm_readv`` copy) where it may; up to
