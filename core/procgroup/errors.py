@@ -75,9 +75,9 @@ class PeerError(ProcGroupError, ConnectionError):
     """A peer rank died, closed its connection or reported a failure.
 
     ``rank`` is the first rank blamed (None when unknown): when the failure follows from an
-    earlier death, that death (the first failure wins). ``ranks`` are the ranks involved,
-    in the numbering of the channel that saw it: every rank known dead when the error was
-    raised, or the first death and the rank lost or gone after it.
+    earlier death or departure, that one (the first failure wins). ``ranks`` are the ranks
+    involved, in the numbering of the channel that saw it: every rank known dead when the
+    error was raised, or the first failure and the rank lost or gone after it.
     ``departed`` is True when the blamed rank said goodbye (it left on purpose, maybe
     because of an earlier failure it reports) rather than vanishing.
     """
