@@ -136,6 +136,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--calls", type=int, default=None, help="messages per round (instr 2000, cpu 3000)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.what == "instr":
+        # every send of a loop lands in the one ring before its receives run: they must fit
+        from procgroup_tcp._p2p import RING_BYTES
+        from procgroup_tcp._ring import HEADER_BYTES
+
+        most = RING_BYTES // ((HEADER_BYTES + args.nbytes + 7) & ~7) - 1  # one record's room for a pad
+        if (args.calls or 2000) > most:
+            parser.error(f"{args.calls or 2000} messages of {args.nbytes} B do not fit the ring "
+                         f"({RING_BYTES} bytes): --calls {most} at most")
     if args.what == "_inner":
         _inner(args.calls or 2000, args.nbytes)
     elif args.what == "instr":
