@@ -291,7 +291,7 @@ def _names_the_quitter_first(err: pg.PeerError) -> None:
     assert "left first" in text, err
 
 
-def departure_first(rank: int, size: int, out: str) -> object:
+def departure_first(rank: int, size: int, out: str, held_op: str = "recv") -> object:
     pids: list[Any] = [None] * size
     pg.all_gather_object(pids, os.getpid())
     pair = pg.new_group([FOLLOWER, WATCHER])
@@ -300,8 +300,14 @@ def departure_first(rank: int, size: int, out: str) -> object:
     if rank == HELD:
         os.kill(os.getpid(), signal.SIGSTOP)  # resumed by the watcher once the follower is gone
         with pytest.raises(pg.PeerError) as info:
-            pg.recv(np.empty(1), src=FOLLOWER)
-        _names_the_quitter_first(info.value)
+            if held_op == "recv":
+                pg.recv(np.empty(1), src=FOLLOWER)
+            else:  # a world collective, on one host the shared-memory arena's: it waits on both
+                pg.all_reduce(np.ones(1))
+        if held_op == "recv":
+            _names_the_quitter_first(info.value)
+        else:  # whichever goodbye it finds first, the quitter is named first
+            assert info.value.rank == QUITTER and info.value.departed, (info.value, info.value.ranks)
         return str(info.value)
     deadline = time.monotonic() + 60
     while not all(Path(out, f"ready{r}").exists() for r in range(size)):
@@ -329,12 +335,14 @@ def departure_first(rank: int, size: int, out: str) -> object:
     return str(info.value)
 
 
-@pytest.mark.parametrize("shm", ["0", "1"], ids=["sockets", "shm"])
-def test_a_departure_is_the_first_failure(tmp_path: Path, shm: str) -> None:
+@pytest.mark.parametrize(("shm", "held_op"), [("0", "recv"), ("1", "recv"), ("1", "world")],
+                         ids=["sockets", "shm", "shm-arena-collective"])
+def test_a_departure_is_the_first_failure(tmp_path: Path, shm: str, held_op: str) -> None:
     """Rank 1 raises and leaves; rank 0 fails on that and leaves: every survivor's error
-    names rank 1 first and rank 0 as what followed, the held one's too."""
+    names rank 1 first and rank 0 as what followed, the held one's too (in a receive from
+    rank 0, or in a world collective, which on one host runs in the shared-memory arena)."""
     env = {"PROCGROUP_TCP_SHM": shm, "PROCGROUP_HEARTBEAT_TIMEOUT": "120"}
-    results = spawn(departure_first, 4, "tcp", args=(str(tmp_path),), env=env,
+    results = spawn(departure_first, 4, "tcp", args=(str(tmp_path), held_op), env=env,
                     expect_dead=[QUITTER, FOLLOWER], timeout=120, job_timeout=90)
     kind, blamed, text = (tmp_path / f"error{FOLLOWER}").read_text().split("|", 2)
     assert kind == "PeerError" and blamed == str(QUITTER), text  # the follower saw the quitter leave

@@ -15,7 +15,7 @@ MismatchError at the same step and the counters stay in agreement (the group sta
 usable). x86-64 keeps stores in program order (TSO), which is
 what makes "data, then counter" safe; other architectures use the socket path. While
 waiting, a peer's death (seen by the tcp reader threads, asked through ``check`` and
-``has_left``) or the channel timeout ends the wait with the socket path's errors.
+``left``) or the channel timeout ends the wait with the socket path's errors.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from procgroup.backend import ChannelContext, Fingerprint, env_flag, mismatch, p
 from procgroup.errors import ChannelClosedError, CommTimeoutError, MismatchError, PeerError
 from procgroup.ops import ReduceOp, finish_average, reduce_into
 
-from ._conn import left_error
 
 log = logging.getLogger(__name__)
 
@@ -122,19 +121,20 @@ def _guarded(op: str) -> Callable[[F], F]:
 class SharedMemoryArena:
     """The mapped region and the collectives that run on it.
 
-    ``check()`` raises when the channel is closed or broken, ``has_left(rank)`` tells a
-    peer that said goodbye, ``broken(exc)`` breaks the channel after an interrupted op.
+    ``check()`` raises when the channel is closed or broken, ``left(rank)`` is the error
+    of a wait on a peer that said goodbye (None while it has not: the channel's, which names
+    an earlier failure first), ``broken(exc)`` breaks the channel after an interrupted op.
     """
 
     def __init__(self, ctx: ChannelContext, mm: mmap.mmap, check: Callable[[], None],
-                 has_left: Callable[[int], bool], broken: Callable[[BaseException], Any]) -> None:
+                 left: Callable[[int], BaseException | None], broken: Callable[[BaseException], Any]) -> None:
         self.ctx = ctx
         n = ctx.size
         self.rank = ctx.rank
         self.size = n
         self.timeout = ctx.timeout
         self._check = check
-        self._has_left = has_left
+        self._left = left
         self._broken = broken
         self._mm = mm
         flags_bytes = n * _FLAG_STRIDE * 8
@@ -161,7 +161,7 @@ class SharedMemoryArena:
         return n * _FLAG_STRIDE * 8 + 2 * n * SMALL_BYTES + n * LARGE_SLOT_BYTES
 
     @classmethod
-    def open(cls, ctx: ChannelContext, check: Callable[[], None], has_left: Callable[[int], bool],
+    def open(cls, ctx: ChannelContext, check: Callable[[], None], left: Callable[[int], BaseException | None],
              broken: Callable[[BaseException], Any]) -> SharedMemoryArena | None:
         """Collective: rank 0 creates the file, all map it, it is unlinked; None on failure.
 
@@ -209,7 +209,7 @@ class SharedMemoryArena:
             if mm is not None:
                 mm.close()
             return None
-        return cls(ctx, mm, check, has_left, broken) if mm is not None else None
+        return cls(ctx, mm, check, left, broken) if mm is not None else None
 
     _closed = False
 
@@ -308,8 +308,9 @@ class SharedMemoryArena:
     def _check_peers(self) -> None:
         self._check()
         for k in self._late():
-            if self._has_left(k):
-                raise left_error(self.ctx.global_rank(k))
+            exc = self._left(k)
+            if exc is not None:
+                raise exc
 
     def _timed_out(self) -> BaseException:
         names = [self.ctx.global_rank(k) for k in self._late()]

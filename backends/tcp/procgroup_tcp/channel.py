@@ -158,7 +158,7 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
             arena = ctx.options.get("arena")
             if (wanted is None or wanted) and (arena is None or arena) and all_on_one_host(ctx):
                 # None: /dev/shm refused, sockets it is
-                self._shm = SharedMemoryArena.open(ctx, self._check_and_progress, self._has_left, self._arena_broken)
+                self._shm = SharedMemoryArena.open(ctx, self._check_and_progress, self._left, self._arena_broken)
             self._p2p = open_p2p(ctx, self._peers, self._matcher, sockets_only, self.check_usable,
                                  self._has_left, self.match_incoming, self._deaths.ring_broken)
             if self._p2p is None:
@@ -193,8 +193,14 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
             raise self._deaths.left_error(peer)
         return peer
 
+    def _left(self, rank: int) -> BaseException | None:
+        """The error of a wait that the goodbye of channel rank ``rank`` ends (None while it
+        has not said goodbye): the departure, or what it followed (``Deaths.left_error``)."""
+        peer = self._peers.get(rank)
+        return self._deaths.left_error(peer) if peer is not None and peer.left else None
+
     def _has_left(self, rank: int) -> bool:
-        """The peer said goodbye (destroy_process_group); the arena's waits ask this."""
+        """The peer said goodbye (destroy_process_group); shared memory's p2p waits ask this."""
         peer = self._peers.get(rank)
         return peer is not None and peer.left
 
