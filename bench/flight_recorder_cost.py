@@ -287,12 +287,14 @@ def _bisect_rank(iters: int, rounds: int) -> None:
             dist.barrier()
             if name in _ARENA:
                 arena._wait_all = wrapped[name]  # type: ignore[index,union-attr]  # set only with an arena
-            t = time.perf_counter_ns()
-            for _ in range(iters):
-                op(x)
-            times[name].append((time.perf_counter_ns() - t) / iters / 1e3)
-            if name in _ARENA:
-                del arena._wait_all  # type: ignore[union-attr]  # the class's method again
+            try:
+                t = time.perf_counter_ns()
+                for _ in range(iters):
+                    op(x)
+                times[name].append((time.perf_counter_ns() - t) / iters / 1e3)
+            finally:
+                if name in _ARENA:
+                    del arena._wait_all  # type: ignore[union-attr]  # the class's method again
     fast.all_reduce_spec = spec
     if dist.get_rank() == 0:
         off = statistics.median(times["off"])

@@ -352,14 +352,18 @@ def test_a_departure_is_the_first_failure(tmp_path: Path, shm: str, held_op: str
 
 
 def clean_shutdown(rank: int, size: int) -> object:
-    """Ranks 0-2 leave after a few ops; rank 3 sees their goodbyes and no failure, then a
-    receive from a rank that left names that rank alone."""
+    """Ranks 0-2 each send rank 3 a last result and leave; rank 3 sees their goodbyes
+    first, then receives the results (what a rank wrote before its goodbye is delivered:
+    on shared memory from its ring, past a refusal that is retried, not a failure), and
+    no failure is recorded nor notice sent; then a receive from a rank that left names
+    that rank alone."""
     x = np.full(4, float(rank))
     pg.all_reduce(x)
     assert x[0] == 6.0
     pg.barrier()
     deaths = pg.group_channel()._deaths
     if rank != size - 1:
+        pg.send(np.full(2, float(rank)), dst=size - 1)
         assert deaths.first is None, deaths.first
         return rank
     peers = pg.group_channel()._peers
@@ -367,6 +371,10 @@ def clean_shutdown(rank: int, size: int) -> object:
     while not all(p.left for p in peers.values()):
         assert time.monotonic() < deadline, "the others never said goodbye"
         time.sleep(0.01)
+    for src in range(size - 1):
+        got = np.zeros(2)
+        pg.recv(got, src=src)
+        assert got.tolist() == [float(src)] * 2, (src, got)
     assert deaths.first is None and not deaths.hurt_by_departure, deaths.first  # no notice came either
     with pytest.raises(pg.PeerError) as info:
         pg.recv(np.empty(1), src=0)
@@ -376,10 +384,11 @@ def clean_shutdown(rank: int, size: int) -> object:
     return str(err)
 
 
-def test_a_clean_shutdown_names_no_first_failure() -> None:
+@pytest.mark.parametrize("shm", ["0", "1"], ids=["sockets", "shm"])
+def test_a_clean_shutdown_names_no_first_failure(shm: str) -> None:
     """Goodbyes alone are no failure: no notice, no first failure; the first op a departure
     then fails names that departure only."""
-    results = spawn(clean_shutdown, 4, "tcp", env={"PROCGROUP_TCP_SHM": "0"}, timeout=60, job_timeout=90)
+    results = spawn(clean_shutdown, 4, "tcp", env={"PROCGROUP_TCP_SHM": shm}, timeout=60, job_timeout=90)
     assert results[:3] == [0, 1, 2]
     assert "rank 0 has left the group" in results[3], results
 

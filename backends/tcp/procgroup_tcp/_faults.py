@@ -42,6 +42,9 @@ from ._wire import KIND_MISMATCH, KIND_PEER_LEFT, KIND_PEER_LOST, NO_FP, NOTICE,
 
 #: seconds in all that passing one death on may wait for peers' send locks (see Deaths._tell_others)
 TELL_BUDGET_S = 0.25
+#: seconds in all that each of the notices sent at close (deaths, the first departure) may
+#: wait for peers' send locks: close must end, and a peer skipped hears it from the others
+CLOSE_TELL_BUDGET_S = 1.0
 
 if TYPE_CHECKING:
     from .channel import TcpChannel
@@ -191,22 +194,32 @@ class Deaths:
         lose the race to this one). A goodbye that fails a receive here is this rank's first
         failure when none came before."""
         ch = self._ch
-        exc = ch.failure if ch.failure is not None else self.left_error(peer, record=False)
+        exc = ch.failure if ch.failure is not None else self.departure_error(peer, record=False)
+        failed = 0
         if ch._p2p is not None and peer.rank in ch._shm_out:
             ch._p2p.drain_from(peer.rank)
-            ch._p2p.fail_to(peer.rank, exc)
-        if ch._matcher.fail_from(peer.rank, exc) and ch.failure is None:
+            failed = ch._p2p.fail_to(peer.rank, exc)
+        failed += ch._matcher.fail_from(peer.rank, exc)
+        if failed and ch.failure is None:
             self._departure_failed(peer.rank, exc)
 
-    def left_error(self, peer: Peer, record: bool = True) -> PeerError:
+    def departure_error(self, peer: Peer, record: bool = True) -> PeerError:
         """The error of an op that fails because ``peer`` said goodbye: its departure, or
         what it followed when an earlier failure is known here (then named first).
-        ``record``: the op fails now (a refusal), so the departure counts as a failure."""
+        ``record``: the error reaches the caller now (a refusal), so the departure counts
+        as a failure here; a check whose refusal may yet be retried passes False."""
         exc = left_error(peer.global_rank)
         if record:
             self._departure_failed(peer.rank, exc)
         first = self._first_failure(besides=peer.rank)
         return exc if first is None else self._after(first, peer.global_rank, exc)
+
+    def refused(self, rank: int | None) -> None:
+        """A receive's refusal reaches its caller: when channel rank ``rank`` has left, that
+        departure failed an op here (``departure_error`` with ``record``)."""
+        peer = None if rank is None else self._ch._peers.get(rank)
+        if peer is not None and peer.left and self._ch.failure is None:
+            self._departure_failed(peer.rank, left_error(peer.global_rank))
 
     def _departure_failed(self, rank: int, exc: BaseException) -> None:
         """An op failed here because channel rank ``rank`` left: the first failure, unless
@@ -287,6 +300,7 @@ class Deaths:
         ch = self._ch
         if not self.scopes.died(rank, exc):
             return
+        self._record_first(rank, exc, departed=False)  # a death decided elsewhere (the agreement) too
         ch._retire_arena()
         peer = ch._peers.get(rank)
         if peer is not None:
@@ -355,10 +369,11 @@ class Deaths:
 
     def _first_failure(self, besides: int) -> FirstFailure | None:
         """The first failure this rank learnt of, other than channel rank ``besides``: the
-        one recorded first, else (when that one is ``besides``) the first other death."""
+        one recorded first (None when that one is ``besides``: what came after it does not
+        come first), else the first death learnt (one not recorded here, to be safe)."""
         first = self.first
-        if first is not None and first.rank != besides:
-            return first
+        if first is not None:
+            return None if first.rank == besides else first
         for rank, exc in list(self.scopes.dead.items()):
             if rank != besides:
                 return FirstFailure(rank, exc, False)
@@ -386,11 +401,12 @@ class Deaths:
         if not dead:
             return
         live = [p for p in ch._peers.values() if p.rank not in dead and not p.over]
+        deadline = time.monotonic() + CLOSE_TELL_BUDGET_S
         for rank in dead:
             gr = self.ctx.global_rank(rank)
             body = pack_lost(gr, f"rank {gr} died")
             for peer in live:
-                peer.send_notice(body, KIND_PEER_LOST)
+                peer.send_notice(body, KIND_PEER_LOST, wait=max(0.0, deadline - time.monotonic()))
 
     def tell_departure(self) -> None:
         """Before the death notices and the goodbyes: when this rank's first failure is a
@@ -404,10 +420,12 @@ class Deaths:
         if first is None or not first.departed or not (self.hurt_by_departure or dead):
             return
         gr = self.ctx.global_rank(first.rank)
-        body = pack_lost(gr, str(first.exc).splitlines()[0] if str(first.exc) else f"rank {gr} left")
+        text = str(first.exc)
+        body = pack_lost(gr, text.splitlines()[0] if text else f"rank {gr} left")
+        deadline = time.monotonic() + CLOSE_TELL_BUDGET_S  # a peer busy with a long send is skipped
         for peer in self._ch._peers.values():
             if peer.rank != first.rank and peer.rank not in dead and not peer.over:
-                peer.send_notice(body, KIND_PEER_LEFT)
+                peer.send_notice(body, KIND_PEER_LEFT, wait=max(0.0, deadline - time.monotonic()))
 
     def live_peers(self) -> list[Peer]:
         dead = self._ch.failed_ranks()

@@ -3,10 +3,12 @@
 Each rank owns an *inbox*: one file in /dev/shm (0600, an unguessable name) holding one
 ring (``_ring``) per same-host peer, which that peer writes and this rank reads. A
 message of at most ``EAGER_BYTES`` travels inside one record (copied in by the sender,
-out by the receiver). A larger one goes by *rendezvous*: the sender publishes its
-buffer's address and the receiver copies it straight into the posted buffer with
-``process_vm_readv`` (``_cma``), then acknowledges; where the kernel refuses that, the
-message is streamed through the ring in chunks instead (two copies, pipelined).
+out by the receiver). A larger one, up to ``STREAM_MAX_BYTES`` while each of the host's
+ranks has a core, is streamed through the ring in chunks (two copies, pipelined); above
+that, or when the ranks outnumber the cores, it goes by *rendezvous*: the sender
+publishes its buffer's address and the receiver copies it straight into the posted
+buffer with ``process_vm_readv`` (``_cma``), then acknowledges. Where the kernel refuses
+that copy, every large message streams.
 
 Progress is made by whichever thread waits: every wait of the channel (a receive, a
 send waiting for ring space or an acknowledgement, the arena's collectives) drains
@@ -277,8 +279,8 @@ class InLink:
 class ShmP2P:
     """The same-host links of one channel and the progress engine that drives them.
 
-    ``check()`` raises when the channel is closed or broken, ``has_left(rank)`` tells a
-    peer that said goodbye, ``match(src, tag, nbytes, dtype_char, fp)`` is the
+    ``check()`` raises when the channel is closed or broken, ``left(rank)`` is the error
+    of a send to a peer that said goodbye (None while it has not), ``match(src, tag, nbytes, dtype_char, fp)`` is the
     channel's matcher entry (fingerprints compared there), ``corrupt(rank, exc)``
     breaks the channel when a ring breaks its rules.
     """
@@ -292,7 +294,7 @@ class ShmP2P:
         inbound: dict[int, InLink],
         timeout: float,
         check: Callable[[], None],
-        has_left: Callable[[int], bool],
+        left: Callable[[int], BaseException | None],
         match: Callable[[int, int, int, bytes, bytes], Landing],
         corrupt: Callable[[int, BaseException], None],
         cores: int | None = None,
@@ -311,7 +313,7 @@ class ShmP2P:
         self._out_list = list(out.values())
         self.timeout = timeout
         self._check = check
-        self._has_left = has_left
+        self._left = left
         self._match = match
         self._corrupt = corrupt
         self._rlock = threading.Lock()  # one reader of the inbox rings at a time
@@ -608,15 +610,10 @@ class ShmP2P:
 
         def check() -> None:
             self._check()
-            if self._has_left(link.rank) and not job.finished():
-                job.fail(
-                    PeerError(
-                        f"rank {link.global_rank} has left the group (it called "
-                        f"destroy_process_group or its process exited)",
-                        rank=link.global_rank,
-                        departed=True,
-                    )
-                )
+            if not job.finished():
+                exc = self._left(link.rank)
+                if exc is not None:
+                    job.fail(exc)
 
         def timed_out() -> BaseException:
             return CommTimeoutError(
@@ -687,17 +684,22 @@ class ShmP2P:
                     _ORPHANS.append(job.view)  # the receiver may still read it
                 job.fail(exc)
 
-    def fail_to(self, rank: int, exc: BaseException) -> None:
-        """``rank`` said goodbye: sends still queued for it will never be taken."""
+    def fail_to(self, rank: int, exc: BaseException) -> int:
+        """``rank`` said goodbye: sends still queued for it will never be taken, nor will a
+        message it was streaming arrive whole; how many ops that failed."""
+        failed = 0
         out = self.out.get(rank)
         if out is not None:
             for job in list(out.queue) + list(out.rts_pending.values()):
                 job.fail(exc)
+                failed += 1
         link = self.inbound.get(rank)
         if link is not None and link.stream is not None:
             st, link.stream = link.stream, None
             if st[1] is not None:
                 st[0].fail(exc)
+                failed += 1
+        return failed
 
     def close(self) -> None:
         self.fail_all(ChannelClosedError("the tcp channel was closed while this send was pending"))
@@ -792,7 +794,7 @@ def open_p2p(
     matcher: Matcher,
     sockets: Progress,
     check: Callable[[], None],
-    has_left: Callable[[int], bool],
+    left: Callable[[int], BaseException | None],
     match: Callable[[int, int, int, bytes, bytes], Landing],
     corrupt: Callable[[int, BaseException], None],
 ) -> ShmP2P | None:
@@ -893,7 +895,7 @@ def open_p2p(
         [ctx.global_rank(r) for r, o in out.items() if o.cma],
     )
     bell = Doorbell(inbox_view)  # type: ignore[arg-type]  # out is not empty, so an inbox was mapped
-    return ShmP2P(maps, views, bell, out, inbound, ctx.timeout, check, has_left, match, corrupt, cores,
+    return ShmP2P(maps, views, bell, out, inbound, ctx.timeout, check, left, match, corrupt, cores,
                   split or 0, stream_max or 0)
 
 

@@ -331,7 +331,8 @@ class FrameReader:
             elif kind == _wire.KIND_CONTROL and nbytes <= MAX_CONTROL_BYTES:
                 self.events.control_message(self._peer, self._read_body(nbytes))
             else:
-                raise self._protocol(f"sent a frame of unknown kind {kind} ({nbytes} bytes)")
+                raise self._protocol(f"sent a frame of unknown kind {kind}, or of a size that kind cannot have "
+                                     f"({nbytes} bytes)")
             return FRAME
         except Exception as exc:  # noqa: BLE001 - whatever stops the reading breaks the channel
             self._read_failed(exc)

@@ -73,9 +73,14 @@ class GroupScope:
         first = next(iter(self.dead))  # the first death learnt: the later ones may follow from it
         gr = self._world([first])[0]
         dead = [gr] + [r for r in self._world(self.dead) if r != gr]
+        cause = self.dead[first]
+        # a death recorded as what followed an earlier failure (a departure, a death outside
+        # this group) names that one first, as the receives it failed did
+        blamed = cause.rank if isinstance(cause, PeerError) and isinstance(cause.rank, int) else gr
+        ranks = dead if blamed == gr else [blamed] + dead
         return PeerError(f"a collective of this group cannot complete: rank {gr} of it "
-                         f"failed ({self.dead[first]}); shrink() the group to go on, or use a group without it",
-                         rank=gr, ranks=dead)
+                         f"failed ({cause}); shrink() the group to go on, or use a group without it",
+                         rank=blamed, ranks=ranks, departed=blamed != gr and bool(getattr(cause, "departed", False)))
 
     def any_source_error(self) -> BaseException | None:
         """Why an any-source receive of this group cannot wait, or None."""

@@ -58,7 +58,7 @@ NOTICE_SIZE = NOTICE.size
 def pack_lost(rank: int, reason: str) -> bytes:
     """A lost-peer or peer-left notice's body: the world rank, then the reason, cut to fit
     ``MAX_LOST_BYTES`` (at a character boundary)."""
-    text = reason.encode()[:MAX_LOST_BYTES - LOST.size].decode("utf-8", "ignore").encode()
+    text = reason.encode("utf-8", "replace")[:MAX_LOST_BYTES - LOST.size].decode("utf-8", "ignore").encode()
     return LOST.pack(rank) + text
 
 

@@ -160,7 +160,7 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
                 # None: /dev/shm refused, sockets it is
                 self._shm = SharedMemoryArena.open(ctx, self._check_and_progress, self._left, self._arena_broken)
             self._p2p = open_p2p(ctx, self._peers, self._matcher, sockets_only, self.check_usable,
-                                 self._has_left, self.match_incoming, self._deaths.ring_broken)
+                                 self._left, self.match_incoming, self._deaths.ring_broken)
             if self._p2p is None:
                 self._matcher.start(sockets_only)
             else:
@@ -190,19 +190,15 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
         if refused is not None:
             raise fresh(refused)
         if peer.left:
-            raise self._deaths.left_error(peer)
+            raise self._deaths.departure_error(peer)
         return peer
 
     def _left(self, rank: int) -> BaseException | None:
         """The error of a wait that the goodbye of channel rank ``rank`` ends (None while it
-        has not said goodbye): the departure, or what it followed (``Deaths.left_error``)."""
+        has not said goodbye): the departure, or what it followed (``Deaths.departure_error``).
+        The arena's and shared-memory sends' waits ask this."""
         peer = self._peers.get(rank)
-        return self._deaths.left_error(peer) if peer is not None and peer.left else None
-
-    def _has_left(self, rank: int) -> bool:
-        """The peer said goodbye (destroy_process_group); shared memory's p2p waits ask this."""
-        peer = self._peers.get(rank)
-        return peer is not None and peer.left
+        return self._deaths.departure_error(peer) if peer is not None and peer.left else None
 
     def _check_and_progress(self) -> None:
         """The arena's periodic check while it waits (every rank is a member of its
@@ -219,14 +215,16 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
     def _may_post(self, src: int | None, tag: int = 0) -> None:
         """The matcher asks, under its lock, before it posts a receive (and before an
         any-source receive takes a queued frame); a direct receive asks with the peer's
-        rank alone once that peer is over (its death or leave refuses any tag)."""
+        rank alone once that peer is over (its death or leave refuses any tag). A departure's
+        refusal is not recorded here (a receive from shared memory drains the ring and posts
+        again): where it reaches the caller, ``Deaths.refused`` records it."""
         self.check_usable()
         if self._scopes.trouble:
             refused = self._deaths.refusal(src, tag)
             if refused is not None:
                 raise fresh(refused)
         if src is not None and self._peers[src].left:
-            raise self._deaths.left_error(self._peers[src])
+            raise self._deaths.departure_error(self._peers[src], record=False)
 
     def _probe(self, req: PostedRecv) -> bool:
         return self._mismatches.probe(req)
@@ -365,12 +363,20 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
                     if (not m.posted and not m.unexpected) or m.unclaimed(src, tag):  # type: ignore[arg-type]  # src is a rank here: peer was found
                         dtype = array.dtype
                         code = DTYPE_CODES.get(dtype) or dtype_code(dtype)
-                        reader.receive_direct(view, code, dtype, tag, self._may_post)
+                        try:
+                            reader.receive_direct(view, code, dtype, tag, self._may_post)
+                        except PeerError:
+                            self._deaths.refused(src)
+                            raise
                         return src  # type: ignore[return-value]  # src is a rank here: peer was found
                 finally:
                     reader.driven_at = _now()
                     gate.release()
-        req = self._matcher.post(view, src, tag, array.dtype, self._fps.get(tag), self._mismatches.mismatched)
+        try:
+            req = self._matcher.post(view, src, tag, array.dtype, self._fps.get(tag), self._mismatches.mismatched)
+        except PeerError:
+            self._deaths.refused(src)
+            raise
         if req.__class__ is not PostedRecv:  # served from the unexpected queue
             return int(req.result())
         if not req.completed and not self._matcher.settle(req, self.timeout):
@@ -383,6 +389,15 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
         self.check_usable()
         if src is not None and src not in self._peers:
             raise PeerError(f"rank {self.ctx.global_rank(src)} is not a peer of this channel", rank=src)
+        try:
+            return self._post(array, src, tag)
+        except PeerError:
+            self._deaths.refused(src)
+            raise
+
+    def _post(self, array: Any, src: int | None, tag: int) -> Work:
+        """Post a receive (start_recv); from a same-host peer that left, after taking in
+        what it wrote to its ring before its goodbye."""
         p2p = self._p2p
         if p2p is None:
             return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatches.mismatched)
