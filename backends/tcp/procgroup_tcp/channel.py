@@ -398,17 +398,15 @@ class TcpChannel(ScopedGroup, DataChannel, PeerEvents):
     def _post(self, array: Any, src: int | None, tag: int) -> Work:
         """Post a receive (start_recv); from a same-host peer that left, after taking in
         what it wrote to its ring before its goodbye."""
-        p2p = self._p2p
-        if p2p is None:
-            return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatches.mismatched)
+        args = (byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatches.mismatched)
         try:
-            return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatches.mismatched)
+            return self._matcher.post(*args)
         except PeerError:
-            if src is None or src not in self._shm_out or not self._peers[src].left:
+            if self._p2p is None or src is None or src not in self._shm_out or not self._peers[src].left:
                 raise
         # the peer left: what it wrote before its goodbye may still sit in its ring
-        p2p.drain_from(src)
-        return self._matcher.post(byte_view(array), src, tag, array.dtype, self._fps.get(tag), self._mismatches.mismatched)
+        self._p2p.drain_from(src)
+        return self._matcher.post(*args)
 
     # ---------------------------------------------------------------- collectives
     # The nine dispatchers are TcpCollectives' (``_dispatch``), shared with TcpSubChannel:
